@@ -1,0 +1,54 @@
+"""Every setting of neuron-eager, read from the environment in this one place.
+
+`config` is a mutable object: tests and users may change fields at run time
+(`neuron_eager.config.cpu_fallback = False`). Environment variables give the
+defaults when the package is imported.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """'64MiB' -> 67108864; plain integers are bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read a byte size from {text!r} (examples: 1073741824, 512MiB, 2GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def _hbm_bytes() -> int | None:
+    value = os.environ.get("NEURON_EAGER_HBM_BYTES")
+    return parse_bytes(value) if value else None
+
+
+@dataclass
+class Config:
+    # Which chip the simulated NeuronCore belongs to: trn1, trn2 or trn3.
+    chip: str = field(default_factory=lambda: os.environ.get("NEURON_EAGER_CHIP", "trn2"))
+    # HBM capacity of the simulated core in bytes; None means the chip's per-core share.
+    hbm_bytes: int | None = field(default_factory=_hbm_bytes)
+    # Unimplemented ops run on the CPU with a warning; False makes them an error.
+    cpu_fallback: bool = field(default_factory=lambda: _flag("NEURON_EAGER_CPU_FALLBACK", True))
+    # The Neuron runtime's own switch for stochastic rounding of fp32 -> bf16/fp16.
+    stochastic_rounding: bool = field(
+        default_factory=lambda: _flag("NEURON_RT_STOCHASTIC_ROUNDING_EN", False))
+    # The Neuron runtime's switch for synchronous execution.
+    launch_blocking: bool = field(default_factory=lambda: _flag("NEURON_LAUNCH_BLOCKING", False))
+    # Adaptive eager (fused regions) on at import.
+    adaptive: bool = field(default_factory=lambda: _flag("NEURON_EAGER_ADAPTIVE", False))
+
+
+config = Config()

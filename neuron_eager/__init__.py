@@ -1,0 +1,43 @@
+"""neuron-eager: a simulated AWS Trainium NeuronCore as the PyTorch device `neuron`.
+
+>>> import torch, neuron_eager
+>>> x = torch.ones(3, device="neuron")
+>>> (x + 1).cpu()
+tensor([2., 2., 2.])
+"""
+from __future__ import annotations
+
+import sys
+
+from neuron_eager.device_sim import config
+from neuron_eager.ops import _compat, router
+from neuron_eager.ops.tensor import NeuronOutOfMemoryError, NeuronTensor
+
+import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
+from neuron_eager import device as _device  # noqa: E402
+
+__version__ = "0.1.0"
+
+_compat.register_device_module(_device)
+_compat.ensure_foreach_support(NeuronTensor)
+_compat.install_accelerator_memory(_device.memory_stats, _device.synchronize)
+sys.modules.setdefault("torch.neuron", _device)
+
+
+def get_executed_ops() -> dict[str, int]:
+    """Ops run by a neuron kernel since the last clear, with counts."""
+    return dict(router.executed_ops)
+
+
+def get_fallback_ops() -> dict[str, int]:
+    """Ops that fell back to the CPU since the last clear, with counts."""
+    return dict(router.fallback_ops)
+
+
+def clear_op_tracking() -> None:
+    """Reset both op counters (and re-arm the one-time fallback warnings)."""
+    router.clear_op_tracking()
+
+
+__all__ = ["config", "NeuronTensor", "NeuronOutOfMemoryError", "get_executed_ops",
+           "get_fallback_ops", "clear_op_tracking"]

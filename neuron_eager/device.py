@@ -1,0 +1,225 @@
+"""`torch.neuron`: the device module, with TorchNeuron's names for devices,
+RNG and memory. One process simulates one NeuronCore, so there is one device.
+
+>>> import torch, neuron_eager
+>>> torch.neuron.is_available(), torch.neuron.device_count()
+(True, 1)
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from neuron_eager.device_sim import core
+from neuron_eager.device_sim.hbm import format_bytes
+from neuron_eager.ops import random as _random
+from neuron_eager.ops import tensor as _tensor
+
+
+@dataclass(frozen=True)
+class NeuronDeviceProperties:
+    name: str
+    total_memory: int
+    chip: str
+    sbuf_bytes: int
+    psum_bytes: int
+    hbm_bandwidth: float
+
+    def __repr__(self) -> str:
+        return (f"NeuronDeviceProperties(name='{self.name}', total_memory="
+                f"{self.total_memory // (1 << 20)}MB, chip='{self.chip}')")
+
+
+# -- devices -----------------------------------------------------------------------------
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def init() -> None:
+    pass
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def _index(device) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != _tensor.DEVICE.type:
+            raise ValueError(f"expected a neuron device, got {device}")
+        index = device.index or 0
+    if index != 0:
+        raise RuntimeError(f"neuron:{index} does not exist: this process simulates one "
+                           "NeuronCore (neuron:0); run one process per core, as torchrun does")
+    return index
+
+
+def set_device(device) -> None:
+    _index(device)
+
+
+@contextlib.contextmanager
+def device(device):
+    _index(device)
+    yield
+
+
+def get_device_name(device=None) -> str:
+    _index(device)
+    return f"NeuronCore ({core.spec.name}, simulated)"
+
+
+def get_device_properties(device=None) -> NeuronDeviceProperties:
+    _index(device)
+    spec = core.spec
+    return NeuronDeviceProperties(get_device_name(), core.hbm.capacity, spec.name, spec.sbuf_bytes,
+                                  spec.psum_bytes, spec.hbm_bandwidth / spec.cores_per_chip)
+
+
+def synchronize(device=None) -> None:
+    """Wait for queued work. Plain eager runs each kernel at once, so there is none."""
+    _index(device)
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float32, torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+# -- random numbers ----------------------------------------------------------------------
+def manual_seed(seed: int) -> None:
+    _random.default_generator.manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    manual_seed(seed)
+
+
+def seed() -> None:
+    _random.default_generator.seed()
+
+
+def seed_all() -> None:
+    seed()
+
+
+def initial_seed() -> int:
+    return _random.default_generator.initial_seed()
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    _index(device)
+    return _random.default_generator.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device=None) -> None:
+    _index(device)
+    _random.default_generator.set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(states) -> None:
+    set_rng_state(states[0])
+
+
+# -- memory ------------------------------------------------------------------------------
+def memory_stats(device=None) -> OrderedDict:
+    _index(device)
+    return OrderedDict(core.hbm.stats())
+
+
+def memory_allocated(device=None) -> int:
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None) -> int:
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None) -> int:
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _index(device)
+    core.hbm.reset_peak_stats()
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    _index(device)
+    core.hbm.reset_accumulated_stats()
+
+
+def empty_cache() -> None:
+    core.hbm.empty_cache()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the simulated HBM."""
+    _index(device)
+    return core.hbm.capacity - core.hbm.reserved, core.hbm.capacity
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    stats = memory_stats(device)
+    rows = [("Allocated memory", "allocated_bytes"), ("Active memory", "active_bytes"),
+            ("Requested memory", "requested_bytes"), ("Reserved memory", "reserved_bytes"),
+            ("Allocations", "allocation"), ("Segments", "segment")]
+    width = 75
+    lines = ["=" * width,
+             f" neuron-eager memory summary, device 0 ({get_device_name()})".ljust(width),
+             f" capacity {format_bytes(core.hbm.capacity)}".ljust(width),
+             "-" * width,
+             f"{'Metric':<20}|{'Cur Usage':>13} |{'Peak Usage':>13} |{'Tot Alloc':>11} |"
+             f"{'Tot Freed':>11}",
+             "-" * width]
+    for label, key in rows:
+        pools = ("all",) if abbreviated else ("all", "large_pool", "small_pool")
+        for pool in pools:
+            name = label if pool == "all" else f"  from {pool.replace('_', ' ')}"
+            fmt = format_bytes if key.endswith("bytes") else str
+            values = [fmt(stats[f"{key}.{pool}.{f}"]) for f in ("current", "peak", "allocated",
+                                                                 "freed")]
+            lines.append(f"{name:<20}|{values[0]:>13} |{values[1]:>13} |{values[2]:>11} |"
+                         f"{values[3]:>11}")
+    lines.append("-" * width)
+    lines.append(f"OOMs: {stats['num_ooms']}   alloc retries: {stats['num_alloc_retries']}   "
+                 f"device allocs: {stats['num_device_alloc']}   device frees: "
+                 f"{stats['num_device_free']}")
+    lines.append("=" * width)
+    return "\n".join(lines)
+
+
+def set_memory_capacity(nbytes: int) -> None:
+    """Resize the simulated HBM (tests and experiments; NEURON_EAGER_HBM_BYTES at start-up)."""
+    core.hbm.set_capacity(int(nbytes))

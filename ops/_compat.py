@@ -1,0 +1,106 @@
+"""Every touch of torch internals, in one place; tests/test_compat.py checks each.
+
+These are private or experimental PyTorch APIs (torch 2.13). If an upgrade
+breaks one, the test named after it fails loudly rather than the device
+misbehaving quietly.
+"""
+from __future__ import annotations
+
+import torch
+import torch.utils.backend_registration as _backend_registration
+from torch._C import DispatchKey, DispatchKeySet
+
+BACKEND = "neuron"
+_META = DispatchKeySet(DispatchKey.Meta)
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    """Without a device guard, `.to('neuron')` and backward() fail inside C++."""
+
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def rename_backend() -> None:
+    """Rename PrivateUse1 to `neuron` and generate `Tensor.neuron()` and friends (idempotent)."""
+    if torch._C._get_privateuse1_backend_name() == BACKEND:
+        return
+    torch.utils.rename_privateuse1_backend(BACKEND)
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._C._acc.register_python_privateuseone_hook(_Hooks())
+    torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
+
+
+def register_device_module(module) -> None:
+    """Make `module` answer as `torch.neuron`."""
+    if getattr(torch, BACKEND, None) is not module:
+        torch._register_device_module(BACKEND, module)
+
+
+def make_wrapper(cls, shape, stride, offset, dtype, device, requires_grad=False):
+    return torch.Tensor._make_wrapper_subclass(
+        cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=device,
+        requires_grad=requires_grad)
+
+
+def set_metadata(tensor: torch.Tensor, shape, stride, offset: int) -> None:
+    """Change a wrapper tensor's size, stride and offset in place (resize_, set_, t_, ...).
+
+    The Meta kernel of `set_` edits the TensorImpl's metadata and nothing else,
+    which is exactly what a wrapper subclass needs.
+    """
+    storage = torch.UntypedStorage(0, device="meta")
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+        _META, tensor, storage, offset, list(shape), list(stride))
+
+
+def ensure_foreach_support(cls) -> None:
+    """Let torch.optim take its foreach path for `cls` tensors."""
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    for supported in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        if cls not in supported:
+            supported.append(cls)
+
+
+def install_accelerator_memory(stats_fn, synchronize_fn) -> None:
+    """Answer torch.accelerator's memory and synchronize calls for neuron.
+
+    Those functions need a C++ device allocator; a Python backend can only
+    provide them by replacing the Python functions (each falls through to
+    the original for other accelerators).
+    """
+    import torch.accelerator as accelerator
+    import torch.accelerator.memory as accelerator_memory
+
+    def is_neuron() -> bool:
+        current = torch.accelerator.current_accelerator()
+        return current is not None and current.type == BACKEND
+
+    original_stats = accelerator_memory.memory_stats
+    original_sync = accelerator.synchronize
+    if getattr(original_stats, "_neuron", False):
+        return
+
+    def memory_stats(device_index=None, /):
+        return stats_fn() if is_neuron() else original_stats(device_index)
+
+    def synchronize(device=None, /):
+        return synchronize_fn() if is_neuron() else original_sync(device)
+
+    memory_stats._neuron = synchronize._neuron = True
+    accelerator_memory.memory_stats = memory_stats
+    accelerator.memory_stats = memory_stats
+    accelerator.synchronize = synchronize

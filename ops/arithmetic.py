@@ -1,0 +1,354 @@
+"""Arithmetic, comparison and logical elementwise ops (Vector engine).
+
+Each op is a small jitted scalar function; `define` registers its functional,
+in-place and (via the router) out= forms. Constants are float32 so fp32 math
+stays fp32; integer math runs in int64 and wraps on store.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import numerics
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+
+
+def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="default",
+           engine="vector", float_only=False):
+    """Register `fn` for the given overloads.
+
+    `params` lists (name, default) of the scalar arguments after the operands.
+    """
+    op = E.Elementwise(name, njit(fn), len(params), kind, engine, float_only)
+
+    def parse(args, kwargs):
+        values = []
+        for j, (pname, default) in enumerate(params):
+            i = operands + j
+            values.append(args[i] if i < len(args) else kwargs.get(pname, default))
+        return args[:operands], values
+
+    if functional:
+        @register(*functional)
+        def forward(*args, **kwargs):
+            ops, values = parse(args, kwargs)
+            return E.run(op, ops, values)
+
+    if inplace:
+        @register(*inplace)
+        def forward_(*args, **kwargs):
+            ops, values = parse(args, kwargs)
+            return E.run(op, ops, values, out=args[0])
+
+    return op
+
+
+# -- binary arithmetic -------------------------------------------------------------------
+define("add", lambda x, y, a: x + a * y, [aten.add.Tensor, aten.add.Scalar],
+       [aten.add_.Tensor, aten.add_.Scalar], params=[("alpha", 1)])
+define("sub", lambda x, y, a: x - a * y, [aten.sub.Tensor, aten.sub.Scalar],
+       [aten.sub_.Tensor, aten.sub_.Scalar], params=[("alpha", 1)])
+define("rsub", lambda x, y, a: y - a * x, [aten.rsub.Tensor, aten.rsub.Scalar],
+       params=[("alpha", 1)])
+define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar],
+       [aten.mul_.Tensor, aten.mul_.Scalar])
+define("div", lambda x, y: x / y, [aten.div.Tensor, aten.div.Scalar],
+       [aten.div_.Tensor, aten.div_.Scalar], kind="int_to_float")
+
+
+@njit
+def _fmod(x, y):
+    return np.fmod(x, y)
+
+
+@njit
+def _remainder(x, y):
+    m = np.fmod(x, y)
+    if m != 0 and ((y < 0) != (m < 0)):
+        m += y
+    return m
+
+
+@njit
+def _div_floor(x, y):
+    """Python-style floor division, the way PyTorch computes it for floats."""
+    if y == 0:
+        return x / y
+    m = np.fmod(x, y)
+    d = (x - m) / y
+    if m != 0 and ((y < 0) != (m < 0)):
+        d -= 1
+    if d != 0:
+        f = np.floor(d)
+        if d - f > 0.5:
+            f += 1
+        return f
+    return np.copysign(d * 0, x / y)
+
+
+@njit
+def _div_trunc(x, y):
+    return np.trunc(x / y)
+
+
+define("fmod", lambda x, y: np.fmod(x, y), [aten.fmod.Tensor, aten.fmod.Scalar],
+       [aten.fmod_.Tensor, aten.fmod_.Scalar])
+define("remainder", _remainder.py_func, [aten.remainder.Tensor, aten.remainder.Scalar],
+       [aten.remainder_.Tensor, aten.remainder_.Scalar])
+_DIV_FLOOR = E.Elementwise("div_floor", _div_floor)
+_DIV_TRUNC = E.Elementwise("div_trunc", _div_trunc)
+_DIV = E.Elementwise("div", njit(lambda x, y: x / y), kind="int_to_float")
+
+
+@njit
+def _int_div_trunc(x, y):
+    q = abs(x) // abs(y) if y != 0 else 0
+    return q if (x < 0) == (y < 0) else -q
+
+
+_IDIV_TRUNC = E.Elementwise("idiv_trunc", _int_div_trunc)
+_IDIV_FLOOR = E.Elementwise("idiv_floor", njit(lambda x, y: x // y if y != 0 else 0))
+
+
+def _floor(x, y, out=None):
+    floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
+    return E.run(_DIV_FLOOR if floating else _IDIV_FLOOR, [x, y], out=out)
+
+
+def _div_mode(x, y, mode, out=None):
+    if mode is None:
+        return E.run(_DIV, [x, y], out=out)
+    if mode == "floor":
+        return _floor(x, y, out)
+    floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
+    if mode == "trunc":
+        return E.run(_DIV_TRUNC if floating else _IDIV_TRUNC, [x, y], out=out)
+    raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but "
+                       f"found '{mode}'")
+
+
+@register(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(x, y, *, rounding_mode=None):
+    return _div_mode(x, y, rounding_mode)
+
+
+@register(aten.div_.Tensor_mode, aten.div_.Scalar_mode)
+def div_mode_(x, y, *, rounding_mode=None):
+    return _div_mode(x, y, rounding_mode, out=x)
+
+
+@register(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(x, y):
+    return _floor(x, y)
+
+
+@register(aten.floor_divide_.Tensor, aten.floor_divide_.Scalar)
+def floor_divide_(x, y):
+    return _floor(x, y, out=x)
+
+
+@njit
+def _pow(x, y):
+    return x ** y
+
+
+define("pow", _pow.py_func, [aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar],
+       [aten.pow_.Tensor, aten.pow_.Scalar], engine="scalar")
+
+
+@njit
+def _maximum(x, y):
+    if x != x:
+        return x
+    if y != y:
+        return y
+    return x if x > y else y
+
+
+@njit
+def _minimum(x, y):
+    if x != x:
+        return x
+    if y != y:
+        return y
+    return x if x < y else y
+
+
+define("maximum", _maximum.py_func, [aten.maximum.default])
+define("minimum", _minimum.py_func, [aten.minimum.default])
+define("atan2", lambda x, y: np.arctan2(x, y), [aten.atan2.default], [aten.atan2_.default],
+       kind="int_to_float", engine="scalar")
+
+# -- comparisons and logic ---------------------------------------------------------------
+for _name, _fn in [("eq", lambda x, y: x == y), ("ne", lambda x, y: x != y),
+                   ("lt", lambda x, y: x < y), ("le", lambda x, y: x <= y),
+                   ("gt", lambda x, y: x > y), ("ge", lambda x, y: x >= y)]:
+    _packet, _packet_ = getattr(aten, _name), getattr(aten, _name + "_")
+    define(_name, _fn, [_packet.Tensor, _packet.Scalar], [_packet_.Tensor, _packet_.Scalar],
+           kind="always_bool")
+
+define("logical_and", lambda x, y: (x != 0) and (y != 0), [aten.logical_and.default],
+       [aten.logical_and_.default], kind="always_bool")
+define("logical_or", lambda x, y: (x != 0) or (y != 0), [aten.logical_or.default],
+       [aten.logical_or_.default], kind="always_bool")
+define("logical_xor", lambda x, y: (x != 0) != (y != 0), [aten.logical_xor.default],
+       [aten.logical_xor_.default], kind="always_bool")
+define("logical_not", lambda x: x == 0, [aten.logical_not.default], operands=1,
+       kind="always_bool")
+define("bitwise_and", lambda x, y: x & y, [aten.bitwise_and.Tensor, aten.bitwise_and.Scalar],
+       [aten.bitwise_and_.Tensor, aten.bitwise_and_.Scalar])
+define("bitwise_or", lambda x, y: x | y, [aten.bitwise_or.Tensor, aten.bitwise_or.Scalar],
+       [aten.bitwise_or_.Tensor, aten.bitwise_or_.Scalar])
+define("bitwise_xor", lambda x, y: x ^ y, [aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar],
+       [aten.bitwise_xor_.Tensor, aten.bitwise_xor_.Scalar])
+
+
+_BITWISE_NOT = E.Elementwise("bitwise_not", njit(lambda x: ~x))
+_LOGICAL_NOT_BOOL = E.Elementwise("bool_not", njit(lambda x: not x))
+
+
+@register(aten.bitwise_not.default)
+def bitwise_not(x):
+    return E.run(_LOGICAL_NOT_BOOL if x.dtype == torch.bool else _BITWISE_NOT, [x])
+
+
+@register(aten.bitwise_not_.default)
+def bitwise_not_(x):
+    return E.run(_LOGICAL_NOT_BOOL if x.dtype == torch.bool else _BITWISE_NOT, [x], out=x)
+define("isnan", lambda x: x != x, [aten.isnan.default], operands=1, kind="always_bool")
+
+# -- unary arithmetic --------------------------------------------------------------------
+define("neg", lambda x: -x, [aten.neg.default], [aten.neg_.default], operands=1)
+define("abs", lambda x: abs(x), [aten.abs.default], [aten.abs_.default], operands=1)
+
+
+@njit
+def _sign(x):
+    if x > 0:
+        return x - x + 1
+    if x < 0:
+        return x - x - 1
+    return x - x if x == x else x
+
+
+define("sign", _sign.py_func, [aten.sign.default], [aten.sign_.default], operands=1)
+define("reciprocal", lambda x: np.float32(1) / x, [aten.reciprocal.default],
+       [aten.reciprocal_.default], operands=1, kind="int_to_float")
+define("sqrt", lambda x: np.sqrt(x), [aten.sqrt.default], [aten.sqrt_.default], operands=1,
+       kind="int_to_float", engine="scalar")
+define("rsqrt", lambda x: np.float32(1) / np.sqrt(x), [aten.rsqrt.default],
+       [aten.rsqrt_.default], operands=1, kind="int_to_float", engine="scalar")
+define("floor", lambda x: np.floor(x), [aten.floor.default],
+       [aten.floor_.default], operands=1)
+define("ceil", lambda x: np.ceil(x), [aten.ceil.default],
+       [aten.ceil_.default], operands=1)
+define("trunc", lambda x: np.trunc(x), [aten.trunc.default],
+       [aten.trunc_.default], operands=1)
+define("round", lambda x: np.rint(x), [aten.round.default],
+       [aten.round_.default], operands=1)
+
+
+@njit
+def _clamp(x, lo, hi, has_lo, has_hi):
+    if x != x:
+        return x
+    if has_lo and x < lo:
+        x = lo
+    if has_hi and x > hi:
+        x = hi
+    return x
+
+
+_CLAMP = E.Elementwise("clamp", _clamp, nparams=4)
+
+
+def _clamp_run(x, lo, hi, out=None):
+    if lo is None and hi is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    operands = [x] + [v for v in (lo, hi) if v is not None]
+    dtype, compute = E.dtypes_for(_CLAMP, operands)
+    if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+        return _clamp_tensor(x, lo, hi, out)
+    if out is None and dtype != x.dtype:
+        x = x.to(dtype)
+    return E.run(_CLAMP, [x], [0 if lo is None else lo, 0 if hi is None else hi,
+                               lo is not None, hi is not None], out=out)
+
+
+def _clamp_tensor(x, lo, hi, out):
+    if lo is not None:
+        x = E.run(_MAX_CLAMP, [x, lo], out=out)
+        out = x if out is not None else None
+    if hi is not None:
+        x = E.run(_MIN_CLAMP, [x, hi], out=out)
+    return x
+
+
+_MAX_CLAMP = E.Elementwise("clamp_min", _maximum)
+_MIN_CLAMP = E.Elementwise("clamp_max", _minimum)
+
+
+@register(aten.clamp.default, aten.clamp.Tensor)
+def clamp(x, min=None, max=None):
+    return _clamp_run(x, min, max)
+
+
+@register(aten.clamp_.default, aten.clamp_.Tensor)
+def clamp_(x, min=None, max=None):
+    return _clamp_run(x, min, max, out=x)
+
+
+@register(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(x, min):
+    return _clamp_run(x, min, None)
+
+
+@register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(x, max):
+    return _clamp_run(x, None, max)
+
+
+@register(aten.clamp_min_.default, aten.clamp_min_.Tensor)
+def clamp_min_(x, min):
+    return _clamp_run(x, min, None, out=x)
+
+
+@register(aten.clamp_max_.default, aten.clamp_max_.Tensor)
+def clamp_max_(x, max):
+    return _clamp_run(x, None, max, out=x)
+
+
+# -- ternary -----------------------------------------------------------------------------
+define("addcmul", lambda x, a, b, v: x + v * (a * b), [aten.addcmul.default],
+       [aten.addcmul_.default], operands=3, params=[("value", 1)])
+define("addcdiv", lambda x, a, b, v: x + v * (a / b), [aten.addcdiv.default],
+       [aten.addcdiv_.default], operands=3, params=[("value", 1)])
+
+
+@njit
+def _lerp(x, y, w):
+    # PyTorch's formula: stable near both ends
+    if abs(w) < 0.5:
+        return x + w * (y - x)
+    return y - (y - x) * (1 - w)
+
+
+define("lerp", _lerp.py_func, [aten.lerp.Tensor], [aten.lerp_.Tensor], operands=3)
+define("lerp_scalar", _lerp.py_func, [aten.lerp.Scalar], [aten.lerp_.Scalar], operands=2,
+       params=[("weight", 0)])
+
+_WHERE = E.Elementwise("where", njit(lambda c, x, y: x if c else y))
+
+
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(condition, x, y):
+    if not isinstance(condition, torch.Tensor) or condition.dtype not in (torch.bool, torch.uint8):
+        raise RuntimeError("where expected condition to be a boolean tensor")
+    dtype = torch.result_type(x, y)
+    shape = E.broadcast_shape([t.shape for t in (condition, x, y) if isinstance(t, E.NeuronTensor)])
+    out = E.T.empty(shape, dtype)
+    return E.launch(_WHERE, [condition, x, y], (), out, shape, numerics.compute_type(dtype))

@@ -1,0 +1,241 @@
+"""Copies between host and device and within the device (DMA), dtype conversion,
+fills, clones and reading one element back (`.item()`).
+
+Host <-> device copies move bytes as they are; a dtype change runs on the
+device with Trainium rounding, as the runtime would.
+"""
+from __future__ import annotations
+
+import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+from neuron_eager.device_sim import core
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import numerics
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.registry import register
+from neuron_eager.ops.sourceline import warn_at_user_line
+
+aten = torch.ops.aten
+NeuronTensor = T.NeuronTensor
+_float64_warned = False
+
+
+def warn_float64(dtype: torch.dtype) -> None:
+    global _float64_warned
+    if dtype == torch.float64 and not _float64_warned:
+        _float64_warned = True
+        warn_at_user_line("float64 on neuron is stored as float64 but computed in float32, as "
+                          "on Trainium (TorchNeuron's policy); expect float32 precision.")
+
+
+def host_to_device(src: torch.Tensor, dtype: torch.dtype | None = None) -> NeuronTensor:
+    dtype = dtype or src.dtype
+    T.check_dtype(src.dtype)
+    warn_float64(dtype)
+    staged = T.from_cpu(src.detach().resolve_conj().resolve_neg())
+    core.launch("dma", src.numel(), staged._nd.nbytes)
+    if dtype == src.dtype:
+        return staged
+    out = T.empty(src.shape, dtype)
+    return E.copy_into(out, staged)
+
+
+def device_to_host(src: NeuronTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    if dtype is not None and dtype != src.dtype:
+        converted = T.empty(src.shape, dtype)
+        E.copy_into(converted, src)
+        src = converted
+    core.launch("dma", src.numel(), src._nd.nbytes)
+    return T.to_cpu(src)
+
+
+@register(aten.copy_.default)
+def copy_(dst, src, non_blocking=False):
+    if isinstance(dst, NeuronTensor):
+        if isinstance(src, NeuronTensor):
+            E.copy_into(dst, src)
+        else:  # host -> device
+            if src.dtype == dst.dtype:
+                T.cpu_alias(dst).copy_(src)
+                core.launch("dma", dst.numel(), dst._nd.nbytes)
+            else:
+                E.copy_into(dst, host_to_device(src))
+        return dst
+    # device -> host
+    dst.copy_(device_to_host(src, dst.dtype if dst.dtype in T.STORAGE_DTYPE else None))
+    return dst
+
+
+@register(aten._copy_from.default)
+def _copy_from(src, dst, non_blocking=False):
+    return copy_(dst, src)
+
+
+@register(aten._to_copy.default)
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    if layout not in (None, torch.strided):
+        raise RuntimeError(f"{layout} tensors are not supported on neuron")
+    target = torch.device(device) if device is not None else x.device
+    if target.type == "cpu":
+        if not isinstance(x, NeuronTensor):
+            return x.to(dtype=dtype, copy=True)
+        return device_to_host(x, dtype)
+    if target.type != T.DEVICE.type:
+        raise RuntimeError(f"cannot copy a neuron tensor to {target} directly; use .cpu() first")
+    if not isinstance(x, NeuronTensor):
+        return host_to_device(x, dtype)
+    dtype = dtype or x.dtype
+    T.check_dtype(dtype)
+    warn_float64(dtype)
+    out = T.empty(x.shape, dtype)
+    return E.copy_into(out, x)
+
+
+@register(aten.clone.default)
+def clone(x, *, memory_format=None):
+    if memory_format in (None, torch.preserve_format) and not x.is_contiguous():
+        stride = _dense_strides(x)
+        out = T.empty(x.shape, x.dtype, stride)
+    else:
+        out = T.empty(x.shape, x.dtype, _memory_format_strides(x.shape, memory_format))
+    return E.copy_into(out, x)
+
+
+def _dense_strides(x):
+    """Strides of x's dimension order, made dense (PyTorch's preserve_format)."""
+    if x.dim() == 0:
+        return ()
+    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), -d))
+    strides, step = [0] * x.dim(), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= max(x.shape[d], 1)
+    return tuple(strides)
+
+
+def _memory_format_strides(shape, memory_format):
+    if memory_format == torch.channels_last and len(shape) == 4:
+        n, c, h, w = shape
+        return (h * w * c, 1, w * c, c)
+    return None
+
+
+@register(aten.contiguous.default)
+def contiguous(x, memory_format=torch.contiguous_format):
+    if x.is_contiguous(memory_format=memory_format):
+        return x
+    out = T.empty(x.shape, x.dtype, _memory_format_strides(x.shape, memory_format))
+    return E.copy_into(out, x)
+
+
+@register(aten._local_scalar_dense.default)
+def local_scalar_dense(x):
+    if x.numel() != 1:
+        raise RuntimeError(f"a Tensor with {x.numel()} elements cannot be converted to Scalar")
+    core.launch("dma", 1, x.element_size())
+    return T.cpu_alias(x).reshape(()).item()
+
+
+def fill(x: NeuronTensor, value) -> NeuronTensor:
+    if x.numel():
+        x._nd[...] = numerics.encode_scalar(value, x.dtype)
+        core.launch("gpsimd", x.numel(), x._nd.nbytes)
+    return x
+
+
+@register(aten.fill_.Scalar)
+def fill_(x, value):
+    return fill(x, value)
+
+
+@register(aten.fill_.Tensor)
+def fill_tensor_(x, value):
+    if value.dim() != 0:
+        raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with "
+                           f"{value.dim()} dimensions.")
+    return fill(x, value.item())
+
+
+@register(aten.zero_.default)
+def zero_(x):
+    return fill(x, 0)
+
+
+@register(aten.fill.Scalar)
+def fill_functional(x, value):
+    return fill(T.empty(x.shape, x.dtype), value)
+
+
+def _like_dtype(x, dtype):
+    dtype = dtype or x.dtype
+    T.check_dtype(dtype)
+    return dtype
+
+
+def _like_strides(x, memory_format):
+    if memory_format in (None, torch.preserve_format):
+        return x.stride() if is_non_overlapping_and_dense(x) else _dense_strides(x)
+    return _memory_format_strides(x.shape, memory_format)
+
+
+@register(aten.empty_like.default)
+def empty_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return T.empty(x.shape, _like_dtype(x, dtype), _like_strides(x, memory_format))
+
+
+@register(aten.zeros_like.default)
+def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return fill(empty_like(x, dtype=dtype, memory_format=memory_format), 0)
+
+
+@register(aten.ones_like.default)
+def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return fill(empty_like(x, dtype=dtype, memory_format=memory_format), 1)
+
+
+@register(aten.full_like.default)
+def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
+              memory_format=None):
+    return fill(empty_like(x, dtype=dtype, memory_format=memory_format), fill_value)
+
+
+@register(aten.new_empty.default)
+def new_empty(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return T.empty(size, _like_dtype(x, dtype))
+
+
+@register(aten.new_empty_strided.default)
+def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return T.empty(size, _like_dtype(x, dtype), stride)
+
+
+@register(aten.new_zeros.default)
+def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return fill(T.empty(size, _like_dtype(x, dtype)), 0)
+
+
+@register(aten.new_ones.default)
+def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return fill(T.empty(size, _like_dtype(x, dtype)), 1)
+
+
+@register(aten.new_full.default)
+def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return fill(T.empty(size, _like_dtype(x, dtype)), fill_value)
+
+
+@register(aten.record_stream.default)
+def record_stream(x, stream):
+    return None
+
+
+@register(aten.is_pinned.default)
+def is_pinned(x, device=None):
+    return False
+
+
+@register(aten.is_same_size.default)
+def is_same_size(x, other):
+    return x.shape == other.shape

@@ -1,0 +1,216 @@
+"""Elementwise execution: type promotion, broadcasting, layouts, launch.
+
+`run(op, operands, params, out)` is the one entry point every elementwise op
+family uses. Operands are neuron tensors, CPU 0-dim tensors or Python
+scalars; PyTorch's promotion rules pick the result dtype (`kind`: "default",
+"int_to_float", "always_bool"); values are widened to the compute type, the
+op's scalar function runs, and the result is rounded once into the output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from neuron_eager.device_sim import config, core
+from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import tensor as T
+
+NeuronTensor = T.NeuronTensor
+_promotion_cache: dict = {}
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """An elementwise op: its jitted scalar function and how PyTorch types its result."""
+
+    name: str
+    fn: Callable
+    nparams: int = 0
+    kind: str = "default"  # "default" | "int_to_float" | "always_bool"
+    engine: str = "vector"  # the engine a Trainium kernel would use
+    float_only: bool = False  # refuse integer/bool inputs as PyTorch does
+
+
+def _result_type(operands) -> torch.dtype:
+    if len(operands) == 2:
+        return torch.result_type(operands[0], operands[1])
+    if len(operands) == 1:
+        a = operands[0]
+        return a.dtype if isinstance(a, torch.Tensor) else torch.result_type(torch.tensor(0), a)
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    return elementwise_dtypes(*operands,
+                              type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+
+
+def dtypes_for(op: Elementwise, operands) -> tuple[torch.dtype, str]:
+    """(result dtype, compute type) of `op` on `operands`."""
+    common = _result_type(operands)
+    if op.kind == "always_bool":
+        return torch.bool, numerics.compute_type(common)
+    if op.kind == "int_to_float" and not common.is_floating_point:
+        common = torch.get_default_dtype()
+    elif op.float_only and not common.is_floating_point:
+        raise NotImplementedError(f"\"{op.name}\" not implemented for '{_dtype_label(common)}'")
+    return common, numerics.compute_type(common)
+
+
+def _dtype_label(dtype: torch.dtype) -> str:
+    return {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+            torch.uint8: "Byte", torch.bool: "Bool"}.get(dtype, str(dtype))
+
+
+def broadcast_shape(shapes) -> tuple:
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return tuple(first)
+    return tuple(torch.broadcast_shapes(*shapes))
+
+
+def _strided(t: NeuronTensor, shape, strides) -> np.ndarray:
+    nd = t._nd
+    size = nd.itemsize
+    return np.ndarray(shape, nd.dtype, t._storage.buffer, t.storage_offset() * size,
+                      [s * size for s in strides])
+
+
+def _broadcast_strides(t: torch.Tensor, shape) -> list[int]:
+    lead = len(shape) - t.dim()
+    strides = [0] * lead
+    for n, size, st in zip(shape[lead:], t.shape, t.stride()):
+        strides.append(st if size == n else 0)
+    return strides
+
+
+def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -> NeuronTensor:
+    """Compute `op` elementwise and return the result (written into `out` if given)."""
+    result_dtype, compute = dtypes_for(op, operands)
+    arrays = [a for a in operands if isinstance(a, NeuronTensor)]
+    shape = broadcast_shape([a.shape for a in arrays]) if arrays else ()
+    if out is None:
+        out = T.empty(shape, result_dtype)
+    else:
+        if not torch.can_cast(result_dtype, out.dtype):
+            from neuron_eager.ops.router import _dtype_name
+
+            raise RuntimeError(f"result type {_dtype_name(result_dtype)} can't be cast to the "
+                               f"desired output type {_dtype_name(out.dtype)}")
+        if tuple(out.shape) != shape and arrays:
+            if broadcast_shape([out.shape, shape]) != tuple(out.shape):
+                raise RuntimeError(f"output with shape {list(out.shape)} doesn't match the "
+                                   f"broadcast shape {list(broadcast_shape([out.shape, shape]))}")
+            shape = tuple(out.shape)
+        if any(a is not out and a._storage is out._storage for a in arrays):
+            # another view of the output's memory: compute aside, then copy (no torn reads)
+            tmp = run(op, operands, params, None)
+            return copy_into(out, tmp)
+    return launch(op, operands, params, out, shape, compute)
+
+
+def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute: str):
+    """Run `op` into an allocated `out` (of broadcast `shape`) computing in `compute`."""
+    n = out.numel()
+    if n == 0:
+        return out
+
+    kinds, codes, args = [], [], []
+    for a in operands:
+        if isinstance(a, NeuronTensor) and (a.dim() or out.dim() == 0):
+            kinds.append("a")
+            codes.append(numerics.CODE[a.dtype])
+            args.append(a)
+        elif isinstance(a, NeuronTensor):  # a neuron 0-dim tensor in a larger result
+            kinds.append("s")
+            codes.append(numerics.CODE[a.dtype])
+            args.append(a._nd[()])
+        else:  # Python scalar or CPU 0-dim tensor, converted once on the host
+            value = a.item() if isinstance(a, torch.Tensor) else a
+            kinds.append("s")
+            codes.append("py")
+            args.append(numerics.scalar_for(value, compute))
+    contiguous = out.is_contiguous() and all(
+        a.shape == out.shape and a.is_contiguous() for a in args if isinstance(a, NeuronTensor))
+    layout = "c" if contiguous else "s"
+    if contiguous:
+        out_arr = out._nd.reshape(-1)
+        args = [a._nd.reshape(-1) if isinstance(a, NeuronTensor) else a for a in args]
+    else:
+        tensors = [out] + [a for a in args if isinstance(a, NeuronTensor)]
+        strides = [list(out.stride())] + [_broadcast_strides(a, shape) for a in tensors[1:]]
+        cshape, cstrides = kernelgen.coalesce(shape, strides)
+        if len(cshape) > 4:
+            return _run_sliced(op, operands, params, out)
+        pad = 4 - len(cshape)
+        cshape = [1] * pad + cshape
+        views = [_strided(t, cshape, [0] * pad + st) for t, st in zip(tensors, cstrides)]
+        out_arr, it = views[0], iter(views[1:])
+        args = [next(it) if isinstance(a, NeuronTensor) else a for a in args]
+    kernel = kernelgen.elementwise_kernel(
+        op.name, op.fn, op.nparams, tuple(kinds), tuple(codes), compute,
+        numerics.CODE[out.dtype], layout,
+        config.stochastic_rounding and out.dtype in (torch.bfloat16, torch.float16))
+    cparams = [numerics.scalar_for(p, compute) for p in params]
+    kernel(out_arr, *args, *cparams)
+    moved = out_arr.size * out_arr.itemsize + sum(
+        a.size * a.itemsize for a in args if isinstance(a, np.ndarray))
+    core.launch(op.engine, n, moved)
+    return out
+
+
+def _run_sliced(op, operands, params, out):
+    """More than 4 non-mergeable dims: run slice by slice along the first dim."""
+    for i in range(out.shape[0]):
+        sub = []
+        for a in operands:
+            if isinstance(a, NeuronTensor) and a.dim() == out.dim():
+                a = a[i] if a.shape[0] == out.shape[0] else a[0]
+            sub.append(a)
+        run(op, sub, params, out[i])
+    return out
+
+
+CONVERT = Elementwise("convert", numerics.identity)
+
+
+def copy_into(dst: NeuronTensor, src: NeuronTensor) -> NeuronTensor:
+    """dst[...] = src, broadcasting src and converting its dtype with Trainium rounding."""
+    if src.dtype == dst.dtype:  # a DMA; NumPy handles overlapping views
+        np.copyto(dst._nd, src._nd)
+        core.launch("dma", dst.numel(), 2 * dst._nd.nbytes)
+        return dst
+    if src._storage is dst._storage:
+        src = src.clone()
+    compute = numerics.compute_type(src.dtype)
+    _launch_converted(dst, src, compute)
+    return dst
+
+
+def _launch_converted(dst, src, compute):
+    if dst.numel() == 0:
+        return
+    shape = tuple(dst.shape)
+    if dst.is_contiguous() and src.is_contiguous() and src.shape == dst.shape:
+        layout, out_arr, arr = "c", dst._nd.reshape(-1), src._nd.reshape(-1)
+    else:
+        cshape, (so, si) = kernelgen.coalesce(shape, [list(dst.stride()),
+                                                      _broadcast_strides(src, shape)])
+        if len(cshape) > 4:
+            for i in range(dst.shape[0]):
+                _launch_converted(dst[i], src[i] if src.dim() == dst.dim() and src.shape[0] > 1
+                                  else (src[0] if src.dim() == dst.dim() else src), compute)
+            return
+        pad = 4 - len(cshape)
+        cshape = [1] * pad + cshape
+        layout = "s"
+        out_arr = _strided(dst, cshape, [0] * pad + so)
+        arr = _strided(src, cshape, [0] * pad + si)
+    kernel = kernelgen.elementwise_kernel(
+        "convert", numerics.identity, 0, ("a",), (numerics.CODE[src.dtype],), compute,
+        numerics.CODE[dst.dtype], layout,
+        config.stochastic_rounding and dst.dtype in (torch.bfloat16, torch.float16))
+    kernel(out_arr, arr)
+    core.launch("vector", dst.numel(), out_arr.nbytes + arr.nbytes)
+

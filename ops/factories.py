@@ -1,0 +1,171 @@
+"""Factories: tensors made on the device from nothing (empty, arange, linspace, eye, full).
+
+These arrive on the PrivateUse1 dispatch key (no tensor argument carries the
+subclass), so they are registered there with torch.library. Shapes, dtypes and
+argument errors come from the same op on the meta device, so they match CPU.
+Value generators (iota) run on the GpSimd engine in float64, as PyTorch's CPU
+kernels accumulate, then round once to the output dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import core
+from neuron_eager.ops import copy as C
+from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import tensor as T
+
+aten = torch.ops.aten
+_lib = torch.library.Library("aten", "IMPL")
+_STORE64 = {}
+_ARANGE = """
+def kernel(out, start, step):
+    for i in range(out.shape[0]):
+        out[i] = fn(start + i * step)
+"""
+_LINSPACE = """
+def kernel(out, start, end, step):
+    n = out.shape[0]
+    half = n // 2
+    for i in range(n):
+        if i < half:
+            out[i] = fn(start + step * i)
+        else:
+            out[i] = fn(end - step * (n - 1 - i))
+"""
+
+
+def _storer64(code: str):
+    kernels = _STORE64.get(code)
+    if kernels is None:
+        store = numerics.storer(code)
+        if code == "f64":
+            fn = njit(lambda x: np.float64(x))
+        elif code in numerics.FLOAT_CODES:
+            fn = njit(lambda x: store(np.float32(x)))
+        else:
+            fn = njit(lambda x: store(np.int64(x)))
+
+        kernels = (kernelgen.jit_source(_ARANGE, {"fn": fn}, "arange"),
+                   kernelgen.jit_source(_LINSPACE, {"fn": fn}, "linspace"))
+        _STORE64[code] = kernels
+    return kernels
+
+
+def _meta(op, args, kwargs):
+    kwargs = dict(kwargs)
+    kwargs["device"] = "meta"
+    kwargs.pop("pin_memory", None)
+    return op(*args, **kwargs)
+
+
+def _empty_for(meta) -> T.NeuronTensor:
+    if meta.layout != torch.strided:
+        raise RuntimeError(f"{meta.layout} tensors are not supported on neuron")
+    C.warn_float64(meta.dtype)
+    return T.empty(meta.shape, meta.dtype, meta.stride())
+
+
+def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
+                        memory_format=None):
+    _check_layout(layout)
+    dtype = dtype or torch.get_default_dtype()
+    T.check_dtype(dtype)
+    C.warn_float64(dtype)
+    return T.empty(size, dtype, C._memory_format_strides(tuple(size), memory_format))
+
+
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_layout(layout)
+    dtype = dtype or torch.get_default_dtype()
+    T.check_dtype(dtype)
+    C.warn_float64(dtype)
+    return T.empty(size, dtype, stride)
+
+
+def _check_layout(layout):
+    if layout not in (None, torch.strided):
+        raise RuntimeError(f"{layout} tensors are not supported on neuron: only strided (dense) "
+                           "tensors live on the device")
+
+
+def _arange(op):
+    def arange(*args, **kwargs):
+        meta = _meta(op, args, kwargs)
+        out = _empty_for(meta)
+        values = list(args[:3])
+        start, step = (0, 1) if len(values) == 1 else (values[0], values[2] if len(values) > 2
+                                                        else kwargs.get("step", 1))
+        if out.numel():
+            kernel = _storer64(numerics.CODE[out.dtype])[0]
+            kernel(out._nd, float(start) if meta.dtype.is_floating_point else int(start),
+                   float(step) if meta.dtype.is_floating_point else int(step))
+            core.launch("gpsimd", out.numel(), out._nd.nbytes)
+        return out
+
+    return arange
+
+
+def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    meta = _meta(aten.linspace.default, (start, end, steps), dict(dtype=dtype, layout=layout))
+    out = _empty_for(meta)
+    if steps == 1:
+        return C.fill(out, start)
+    if steps:
+        step = (float(end) - float(start)) / (steps - 1)
+        _storer64(numerics.CODE[out.dtype])[1](out._nd, float(start), float(end), step)
+        core.launch("gpsimd", out.numel(), out._nd.nbytes)
+    return out
+
+
+def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
+    args = (n,) if m is None else (n, m)
+    meta = _meta(aten.eye.default if m is None else aten.eye.m, args,
+                 dict(dtype=dtype, layout=layout))
+    out = C.fill(_empty_for(meta), 0)
+    k = min(out.shape)
+    if k:
+        np.einsum("ii->i", out._nd)[...] = numerics.encode_scalar(1, out.dtype)
+    return out
+
+
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    meta = _meta(aten.full.default, (size, fill_value), dict(dtype=dtype, layout=layout))
+    return C.fill(_empty_for(meta), fill_value)
+
+
+def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return full(size, 0, dtype=dtype or torch.get_default_dtype(), layout=layout)
+
+
+def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return full(size, 1, dtype=dtype or torch.get_default_dtype(), layout=layout)
+
+
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return full((), s, dtype=dtype or torch.get_default_dtype(), layout=layout)
+
+
+def _local_scalar_dense(x):
+    return C.local_scalar_dense(x)
+
+
+def _copy_from(src, dst, non_blocking=False):
+    return C.copy_(dst, src)
+
+
+def _copy_(dst, src, non_blocking=False):
+    return C.copy_(dst, src)
+
+
+for _name, _fn in [
+    ("empty.memory_format", empty_memory_format), ("empty_strided", empty_strided),
+    ("arange", _arange(aten.arange.default)), ("arange.start", _arange(aten.arange.start)),
+    ("arange.start_step", _arange(aten.arange.start_step)), ("linspace", linspace),
+    ("eye", eye), ("eye.m", eye), ("full", full), ("zeros", zeros), ("ones", ones),
+    ("scalar_tensor", scalar_tensor), ("_local_scalar_dense", _local_scalar_dense),
+    ("_copy_from", _copy_from), ("copy_", _copy_),
+]:
+    _lib.impl(_name, _fn, "PrivateUse1")

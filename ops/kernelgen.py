@@ -1,0 +1,97 @@
+"""Elementwise kernel generation: per-op scalar functions -> jitted loops.
+
+A kernel is built from a fixed template (never from user strings) for one
+combination of op, operand kinds (array or scalar), storage formats, compute
+type and layout, then cached. Layout 'c' loops over flat contiguous arrays;
+layout 's' loops over 4-D strided views (broadcast dims have stride 0), so
+broadcasting and transposed inputs need no copies.
+"""
+from __future__ import annotations
+
+import linecache
+from itertools import count
+
+import numpy as np
+from numba import njit
+
+from neuron_eager.ops import numerics
+
+JIT_OPTIONS = dict(error_model="numpy", nogil=True)
+_kernels: dict = {}
+_ids = count()
+stats = {"compiled": 0, "hits": 0}
+
+
+def _source(arity: int, nparams: int, kinds: tuple, layout: str, stochastic: bool) -> str:
+    args = ["out"] + [f"a{i}" for i in range(arity)] + [f"p{j}" for j in range(nparams)]
+    lines = [f"def kernel({', '.join(args)}):"]
+    for i, kind in enumerate(kinds):
+        if kind == "s":
+            lines.append(f"    v{i} = load{i}(a{i})")
+    if layout == "c":
+        lines.append("    for i in range(out.shape[0]):")
+        idx, pad = "[i]", " " * 8
+    else:
+        lines.append("    d0, d1, d2, d3 = out.shape")
+        for k in range(4):
+            lines.append(" " * (4 + 4 * k) + f"for i{k} in range(d{k}):")
+        idx, pad = "[i0, i1, i2, i3]", " " * 20
+    values = [f"load{i}(a{i}{idx})" if kind == "a" else f"v{i}" for i, kind in enumerate(kinds)]
+    call = f"fn({', '.join(values + [f'p{j}' for j in range(nparams)])})"
+    if stochastic:
+        lines.append(f"{pad}out{idx} = store({call}, np.random.randint(0, 4294967296))")
+    else:
+        lines.append(f"{pad}out{idx} = store({call})")
+    return "\n".join(lines) + "\n"
+
+
+def jit_source(src: str, namespace: dict, label: str):
+    """Compile generated source (from a fixed template) into a jitted function `kernel`.
+
+    The source is registered with linecache so tracebacks and pdb can show it.
+    """
+    filename = f"<neuron-kernel {label} #{next(_ids)}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    namespace = dict(namespace, np=np)
+    exec(compile(src, filename, "exec"), namespace)
+    stats["compiled"] += 1
+    return njit(**JIT_OPTIONS)(namespace["kernel"])
+
+
+def elementwise_kernel(name: str, fn, nparams: int, kinds: tuple, codes: tuple, compute: str,
+                       out_code: str, layout: str, stochastic: bool):
+    """The cached jitted loop for one op/format/layout combination."""
+    key = (name, nparams, kinds, codes, compute, out_code, layout, stochastic)
+    kernel = _kernels.get(key)
+    if kernel is not None:
+        stats["hits"] += 1
+        return kernel
+    src = _source(len(kinds), nparams, kinds, layout, stochastic)
+    namespace = {"fn": fn, "store": numerics.storer(out_code, stochastic)}
+    for i, (kind, code) in enumerate(zip(kinds, codes)):
+        namespace[f"load{i}"] = numerics.loader(code, compute)
+    kernel = _kernels[key] = jit_source(src, namespace, name)
+    return kernel
+
+
+def coalesce(shape, strides_list):
+    """Drop size-1 dims and merge dims that are contiguous in every operand.
+
+    `strides_list` holds one stride tuple (in elements) per operand, all for `shape`.
+    Returns the new shape and strides, at least one dim.
+    """
+    dims = [i for i, n in enumerate(shape) if n != 1]
+    new_shape = [shape[i] for i in dims]
+    new_strides = [[s[i] for i in dims] for s in strides_list]
+    k = len(new_shape) - 1
+    while k > 0:
+        if all(st[k - 1] == st[k] * new_shape[k] for st in new_strides):
+            new_shape[k - 1] *= new_shape[k]
+            del new_shape[k]
+            for st in new_strides:
+                st[k - 1] = st[k]
+                del st[k]
+        k -= 1
+    if not new_shape:
+        return [1], [[0] for _ in strides_list]
+    return new_shape, new_strides

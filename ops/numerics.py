@@ -1,0 +1,233 @@
+"""Trainium numerics in one place: storage <-> compute conversions and rounding.
+
+Engines compute in fp32 (PSUM accumulates in fp32). A 16-bit float is stored
+as its bit pattern (uint16), widened exactly to fp32 on load and rounded to
+nearest-even on store; with NEURON_RT_STOCHASTIC_ROUNDING_EN=1 the store
+rounds stochastically instead. 64-bit types follow TorchNeuron's eager policy:
+float64 computes as float32, int64 as int32, results stored as declared.
+Every conversion here is bit-exact against `torch.Tensor.to` (tested).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+# -- bit casts ---------------------------------------------------------------------------
+
+
+@intrinsic
+def u32_as_f32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def f32_as_u32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+# -- bfloat16 ----------------------------------------------------------------------------
+
+
+@njit(inline="always")
+def bf16_to_f32(bits):
+    return u32_as_f32(np.uint32(bits) << np.uint32(16))
+
+
+@njit(inline="always")
+def f32_to_bf16(x):
+    """Round to nearest even; NaN becomes the canonical quiet NaN, as torch does."""
+    x = np.float32(x)
+    if x != x:
+        return np.uint16(0x7FC0)
+    u = f32_as_u32(x)
+    bias = ((u >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
+    return np.uint16((u + bias) >> np.uint32(16))
+
+
+@njit(inline="always")
+def f32_to_bf16_stochastic(x, noise):
+    """Stochastic rounding: add 16 random low bits, then truncate. Unbiased in expectation."""
+    x = np.float32(x)
+    if x != x:
+        return np.uint16(0x7FC0)
+    u = f32_as_u32(x)
+    if (u & np.uint32(0x7F800000)) == np.uint32(0x7F800000):
+        return np.uint16(u >> np.uint32(16))  # inf stays inf
+    return np.uint16((u + (np.uint32(noise) & np.uint32(0xFFFF))) >> np.uint32(16))
+
+
+# -- float16 -----------------------------------------------------------------------------
+
+
+@njit(inline="always")
+def f16_to_f32(bits):
+    h = np.uint32(bits)
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    exp = (h >> np.uint32(10)) & np.uint32(0x1F)
+    man = h & np.uint32(0x3FF)
+    if exp == np.uint32(0x1F):  # inf or NaN, payload kept
+        return u32_as_f32(sign | np.uint32(0x7F800000) | (man << np.uint32(13)))
+    if exp == np.uint32(0):  # zero or subnormal: man * 2**-24, exact in fp32
+        mag = np.float32(man) * np.float32(5.960464477539063e-08)
+        return -mag if sign else mag
+    return u32_as_f32(sign | ((exp + np.uint32(112)) << np.uint32(23)) | (man << np.uint32(13)))
+
+
+@njit(inline="always")
+def f32_to_f16(x):
+    """Round to nearest even, with subnormals, overflow to inf, NaN as sign|0x7E00."""
+    u = f32_as_u32(np.float32(x))
+    sign = np.uint32((u >> np.uint32(16)) & np.uint32(0x8000))
+    mag = u & np.uint32(0x7FFFFFFF)
+    if mag > np.uint32(0x7F800000):
+        return np.uint16(sign | np.uint32(0x7E00))
+    if mag >= np.uint32(0x477FF000):  # 65520 and above round to inf
+        return np.uint16(sign | np.uint32(0x7C00))
+    if mag < np.uint32(0x38800000):  # below 2**-14: a subnormal half, in units of 2**-24
+        q = np.float64(u32_as_f32(mag)) * 16777216.0
+        return np.uint16(sign | np.uint32(np.rint(q)))
+    half = ((mag >> np.uint32(23)) - np.uint32(112)) << np.uint32(10) | \
+        ((mag >> np.uint32(13)) & np.uint32(0x3FF))
+    rest = mag & np.uint32(0x1FFF)
+    if rest > np.uint32(0x1000) or (rest == np.uint32(0x1000) and (half & np.uint32(1))):
+        half += np.uint32(1)
+    return np.uint16(sign | half)
+
+
+@njit(inline="always")
+def f32_to_f16_stochastic(x, noise):
+    """Round up with probability equal to the discarded fraction of a half ulp step."""
+    x = np.float32(x)
+    down_bits = f32_to_f16(x)
+    down = f16_to_f32(down_bits)
+    if down != down or down == x or np.isinf(x):
+        return down_bits
+    # the neighbour on the other side of x
+    if (down < x) == (down >= 0):
+        other_bits = np.uint16(down_bits + np.uint16(1))
+    else:
+        other_bits = np.uint16(down_bits - np.uint16(1)) if (down_bits & np.uint16(0x7FFF)) \
+            else np.uint16(down_bits ^ np.uint16(0x8001))
+    other = f16_to_f32(other_bits)
+    p = (np.float64(x) - np.float64(down)) / (np.float64(other) - np.float64(down))
+    r = (np.uint32(noise) & np.uint32(0xFFFFFF)) * (1.0 / 16777216.0)
+    return other_bits if r < p else down_bits
+
+
+# -- load/store tables -------------------------------------------------------------------
+# A "code" names a storage format; a "compute" type names what engines compute in.
+CODE = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
+        torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
+        torch.uint8: "u8", torch.bool: "b"}
+FLOAT_CODES = ("f32", "f64", "bf16", "f16")
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    """What an engine computes a value of `dtype` in: 'f32', 'int' or 'bool'."""
+    if dtype.is_floating_point:
+        return "f32"
+    if dtype == torch.bool:
+        return "bool"
+    return "int"
+
+
+@njit(inline="always")
+def _id(x):
+    return x
+
+
+@njit
+def identity(x):
+    return x
+
+
+def _decoder(code: str):
+    """Stored element -> its natural engine value."""
+    if code == "bf16":
+        return bf16_to_f32
+    if code == "f16":
+        return f16_to_f32
+    if code == "f64":
+        return njit(inline="always")(lambda x: np.float32(x))
+    if code == "i64":
+        return njit(inline="always")(lambda x: np.int64(np.int32(x)))  # computed in 32 bits
+    return _id
+
+
+_CASTS = {
+    "f32": njit(inline="always")(lambda x: np.float32(x)),
+    "int": njit(inline="always")(lambda x: np.int64(x)),
+    "bool": njit(inline="always")(lambda x: x != 0),
+}
+_loaders: dict = {}
+_storers: dict = {}
+
+
+def loader(code: str, compute: str):
+    """A jitted function: stored element of format `code` -> value in `compute`."""
+    key = (code, compute)
+    fn = _loaders.get(key)
+    if fn is None:
+        decode, cast = _decoder(code), _CASTS[compute]
+        if code == "b" and compute == "bool":
+            fn = _id
+        else:
+            fn = njit(inline="always")(lambda x: cast(decode(x)))
+        _loaders[key] = fn
+    return fn
+
+
+_INT_STORE = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "u8": np.uint8}
+
+
+def storer(code: str, stochastic: bool = False):
+    """A jitted function: computed value -> stored element of format `code`.
+
+    Stochastic storers take a second argument, 32 random bits.
+    """
+    key = (code, stochastic)
+    fn = _storers.get(key)
+    if fn is None:
+        if code == "bf16":
+            fn = f32_to_bf16_stochastic if stochastic else f32_to_bf16
+        elif code == "f16":
+            fn = f32_to_f16_stochastic if stochastic else f32_to_f16
+        elif code == "f32":
+            fn = njit(inline="always")(lambda x: np.float32(x))
+        elif code == "f64":
+            fn = njit(inline="always")(lambda x: np.float64(np.float32(x)))
+        elif code == "i64":
+            fn = njit(inline="always")(lambda x: np.int64(np.int32(np.int64(x))))
+        elif code == "b":
+            fn = njit(inline="always")(lambda x: x != 0)
+        else:
+            cast = _INT_STORE[code]
+            fn = njit(inline="always")(lambda x: cast(np.int64(x)))
+        _storers[key] = fn
+    return fn
+
+
+def encode_scalar(value, dtype: torch.dtype):
+    """The stored form of a Python scalar in `dtype` (as torch would round it)."""
+    t = torch.tensor(value, dtype=dtype)
+    if dtype in (torch.bfloat16, torch.float16):
+        return np.uint16(t.view(torch.int16).item() & 0xFFFF)
+    return t.numpy()[()]
+
+
+def scalar_for(value, compute: str):
+    """A Python scalar as a kernel argument in the compute type."""
+    if compute == "f32":
+        return np.float32(value)
+    if compute == "bool":
+        return bool(value)
+    return np.int64(value)

@@ -1,0 +1,32 @@
+"""repr() of neuron tensors, in PyTorch's own format plus `device='neuron:0'`.
+
+Printing reads the values back from the device (a sync point) and formats
+them with PyTorch's formatter, so numbers look exactly as on the CPU.
+"""
+from __future__ import annotations
+
+import torch
+from torch._tensor_str import _add_suffixes, _tensor_str
+
+from neuron_eager.ops import tensor as T
+
+_DEFAULT_DTYPES = (torch.int64, torch.bool)
+
+
+def tensor_repr(t) -> str:
+    prefix = "Parameter containing:\n" if getattr(t, "_is_param", False) else ""
+    with torch.no_grad():
+        cpu = T.to_cpu(t)
+    suffixes = [f"device='{t.device}'"]
+    if t.numel() == 0 and t.dim() != 1:
+        suffixes.append(f"size={tuple(t.shape)}")
+    if t.dtype not in _DEFAULT_DTYPES and t.dtype != torch.get_default_dtype():
+        suffixes.append(f"dtype={t.dtype}")
+    elif t.numel() == 0 and t.dtype != torch.get_default_dtype() and t.dtype != torch.int64:
+        suffixes.append(f"dtype={t.dtype}")
+    if t.grad_fn is not None:
+        suffixes.append(f"grad_fn=<{type(t.grad_fn).__name__}>")
+    elif t.requires_grad:
+        suffixes.append("requires_grad=True")
+    body = "[]" if t.numel() == 0 else _tensor_str(cpu, len("tensor("))
+    return prefix + _add_suffixes("tensor(" + body, suffixes, len("tensor("), False)

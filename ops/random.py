@@ -1,0 +1,93 @@
+"""Random numbers from the device's own generator (Philox4x32-10, counter-based).
+
+The state is (seed, offset), as on CUDA: every random kernel draws counters
+offset .. offset+n-1 and advances the offset, so results depend only on the
+seed and the sequence of calls, never on the host. `torch.neuron.manual_seed`
+makes them reproducible; the CPU generator is never touched.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import core
+from neuron_eager.ops import numerics
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+@njit(inline="always")
+def philox(counter, key):
+    """Two 32-bit random words for a 64-bit counter and 64-bit key (Philox4x32-10)."""
+    c0 = np.uint32(counter & _MASK32)
+    c1 = np.uint32(counter >> np.uint64(32))
+    c2 = np.uint32(0)
+    c3 = np.uint32(0)
+    k0 = np.uint32(key & _MASK32)
+    k1 = np.uint32(key >> np.uint64(32))
+    for _ in range(10):
+        p0 = _M0 * np.uint64(c0)
+        p1 = _M1 * np.uint64(c2)
+        n0 = np.uint32(p1 >> np.uint64(32)) ^ c1 ^ k0
+        n2 = np.uint32(p0 >> np.uint64(32)) ^ c3 ^ k1
+        c1 = np.uint32(p1 & _MASK32)
+        c3 = np.uint32(p0 & _MASK32)
+        c0, c2 = n0, n2
+        k0 = np.uint32(k0 + _W0)
+        k1 = np.uint32(k1 + _W1)
+    return c0, c1
+
+
+@njit(inline="always")
+def uniform01(word):
+    """A float32 in [0, 1) from the top 24 bits of a random word."""
+    return np.float32(word >> np.uint32(8)) * np.float32(5.9604644775390625e-08)
+
+
+class Generator:
+    """The NeuronCore's random state: a seed and a counter offset."""
+
+    def __init__(self, seed: int = 67280421310721):
+        self._lock = threading.Lock()
+        self.manual_seed(seed)
+
+    def manual_seed(self, seed: int) -> "Generator":
+        self._seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self._offset = 0
+        return self
+
+    def seed(self) -> int:
+        self.manual_seed(time.time_ns() ^ id(self))
+        return self._seed
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def take(self, n: int) -> tuple[np.uint64, np.uint64]:
+        """Reserve n counters; returns (key, first counter)."""
+        with self._lock:
+            offset = self._offset
+            self._offset += n
+        return np.uint64(self._seed), np.uint64(offset)
+
+    def get_state(self) -> torch.Tensor:
+        return torch.tensor(np.array([self._seed, self._offset], dtype=np.uint64).view(np.uint8))
+
+    def set_state(self, state: torch.Tensor) -> None:
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != 16:
+            raise RuntimeError("expected a 16-byte torch.uint8 state from torch.neuron.get_rng_state()")
+        seed, offset = state.cpu().numpy().view(np.uint64)
+        self._seed, self._offset = int(seed), int(offset)
+
+
+default_generator = Generator()

@@ -1,0 +1,256 @@
+"""The op router: how one aten op on neuron tensors gets executed.
+
+Order (see ARCHITECTURE.md, "The way of one op"): a registered kernel; the
+in-place or out= form of a registered functional kernel; a PyTorch
+decomposition; a CompositeImplicitAutograd decomposition; CPU fallback with a
+one-time warning, counted, and an error when fallback is switched off. The
+plan for each op is decided once and cached.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import torch
+from torch._decomp import decomposition_table
+from torch.utils._pytree import tree_map
+
+from neuron_eager.device_sim import config
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.registry import KERNELS
+from neuron_eager.ops.sourceline import warn_at_user_line
+
+aten = torch.ops.aten
+NeuronTensor = T.NeuronTensor
+
+executed_ops: Counter[str] = Counter()  # op name -> native runs
+fallback_ops: Counter[str] = Counter()  # op name -> CPU fallback runs
+_warned: set[str] = set()
+
+# Ops that legitimately take tensors from another device (copies, CPU index tensors).
+DEVICE_CHECK_EXEMPT = {
+    aten.copy_.default, aten._to_copy.default, aten._copy_from.default,
+    aten._copy_from_and_resize.default, aten.index.Tensor, aten.index_put_.default,
+    aten.index_put.default, aten._index_put_impl_.default, aten.set_.source_Tensor,
+    aten.lift_fresh.default,
+}
+# Decompositions that are slower or less faithful than the alternatives.
+_DECOMP_SKIP = {aten._to_copy.default, aten.clone.default}
+
+
+def device_error(other: torch.device) -> RuntimeError:
+    return RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                        f"devices, {T.DEVICE} and {other}!")
+
+
+def _check_foreign(t: torch.Tensor) -> None:
+    if t.device.type == "cpu" and t.dim() == 0:
+        return  # CPU scalars mix with device tensors, as on CUDA
+    if t.device.type != T.DEVICE.type:
+        raise device_error(t.device)
+
+
+def check_devices(args) -> None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) is not NeuronTensor:
+                _check_foreign(a)
+        elif type(a) is list or type(a) is tuple:
+            for b in a:
+                if isinstance(b, torch.Tensor) and type(b) is not NeuronTensor:
+                    _check_foreign(b)
+
+
+def dispatch(func, args, kwargs):
+    kernel = KERNELS.get(func)
+    if kernel is not None:
+        if func not in DEVICE_CHECK_EXEMPT:
+            check_devices(args)
+        executed_ops[func.__name__] += 1
+        return kernel(*args, **kwargs)
+    plan = _plans.get(func)
+    if plan is None:
+        plan = _plans[func] = _make_plan(func)
+    return plan(func, args, kwargs)
+
+
+# -- plans ---------------------------------------------------------------------------
+_plans: dict = {}
+
+
+def _is_inplace(func) -> bool:
+    args = func._schema.arguments
+    return (func._schema.name.endswith("_") and bool(args) and args[0].alias_info is not None
+            and args[0].alias_info.is_write and not args[0].kwarg_only)
+
+
+def _out_args(func) -> list[str]:
+    return [a.name for a in func._schema.arguments if a.is_out]
+
+
+def _functional_of(func):
+    """The functional overload matching an in-place or out= overload, if any."""
+    schema = func._schema
+    name = schema.name.split("::")[1]
+    if _is_inplace(func):
+        name = name[:-1]
+    packet = getattr(aten, name, None)
+    if packet is None:
+        return None
+    want = [a.name for a in schema.arguments if not a.is_out]
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        args = candidate._schema.arguments
+        if candidate is func or any(a.is_out for a in args):
+            continue
+        if [a.name for a in args] == want and not _is_inplace(candidate):
+            return candidate
+    return None
+
+
+def _make_plan(func):
+    if func.namespace != "aten" and func.namespace != "prims":
+        return _run_fallback
+    functional = _functional_of(func) if (_is_inplace(func) or _out_args(func)) else None
+    if functional is not None and functional in KERNELS:
+        return _run_inplace if _is_inplace(func) else _run_out
+    if func in decomposition_table and func not in _DECOMP_SKIP and \
+            decomposition_table[func].__module__.startswith("torch._decomp"):
+        return _run_decomposition  # torch._refs decompositions end in prims: not for devices
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return _run_implicit
+    return _run_fallback
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+            torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+            torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+            torch.bool: "Bool"}.get(dtype, str(dtype))
+
+
+def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") -> None:
+    """Copy a computed result into an in-place or out= destination, as PyTorch checks it."""
+    if not torch.can_cast(result.dtype, dst.dtype):
+        raise RuntimeError(f"result type {_dtype_name(result.dtype)} can't be cast to the desired "
+                           f"output type {_dtype_name(dst.dtype)}")
+    if dst.shape != result.shape:
+        if what == "inplace":
+            raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the broadcast "
+                               f"shape {list(result.shape)}")
+        from neuron_eager.ops.views import resize_
+
+        if dst.numel() != 0:
+            warnings.warn(f"An output with one or more elements was resized since it had shape "
+                          f"{list(dst.shape)}, which does not match the required output shape "
+                          f"{list(result.shape)}.", UserWarning, stacklevel=4)
+        resize_(dst, result.shape)
+    aten.copy_.default(dst, result)
+
+
+def _run_inplace(func, args, kwargs):
+    functional = _functional_cache.get(func) or _functional_cache.setdefault(
+        func, _functional_of(func))
+    result = functional(*args, **kwargs)
+    write_result(args[0], result, "inplace")
+    return args[0]
+
+
+def _run_out(func, args, kwargs):
+    functional = _functional_cache.get(func) or _functional_cache.setdefault(
+        func, _functional_of(func))
+    names = _out_args(func)
+    kwargs = dict(kwargs)
+    outs = [kwargs.pop(n) for n in names]
+    result = functional(*args, **kwargs)
+    results = (result,) if len(outs) == 1 else tuple(result)
+    for dst, res in zip(outs, results):
+        if not isinstance(dst, NeuronTensor):
+            raise device_error(dst.device)
+        write_result(dst, res)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+_functional_cache: dict = {}
+
+
+def _run_decomposition(func, args, kwargs):
+    return decomposition_table[func](*args, **kwargs)
+
+
+def _run_implicit(func, args, kwargs):
+    result = func.decompose(*args, **kwargs)
+    if result is NotImplemented:
+        return _run_fallback(func, args, kwargs)
+    return result
+
+
+# -- CPU fallback ----------------------------------------------------------------------
+def _describe(args, kwargs) -> str:
+    parts = []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            parts.append(f"{a.dtype}{list(a.shape)}@{a.device}")
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            parts.append("[" + ", ".join(f"{t.dtype}{list(t.shape)}" for t in a) + "]")
+        else:
+            parts.append(repr(a))
+    return ", ".join(parts)
+
+
+def _run_fallback(func, args, kwargs):
+    name = func.name()
+    if not config.cpu_fallback:
+        raise NotImplementedError(
+            f"Operator '{name}' has no neuron kernel and CPU fallback is off "
+            f"(NEURON_EAGER_CPU_FALLBACK=0). Arguments: {_describe(args, kwargs)}")
+    check_devices(args)
+    if name not in _warned:
+        _warned.add(name)
+        warn_at_user_line(f"Operator '{name}' fell back to CPU")
+    fallback_ops[name] += 1
+
+    inputs: list[tuple[torch.Tensor, NeuronTensor]] = []
+
+    def down(x):
+        if isinstance(x, NeuronTensor):
+            alias = T.cpu_alias(x)
+            inputs.append((alias, x))
+            return alias
+        if isinstance(x, torch.device) and x.type == T.DEVICE.type:
+            return torch.device("cpu")
+        return x
+
+    cpu_args = tree_map(down, args)
+    cpu_kwargs = tree_map(down, kwargs)
+    if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == T.DEVICE.type:
+        cpu_kwargs["device"] = torch.device("cpu")
+    with torch._C._DisableTorchDispatch():
+        out = func(*cpu_args, **cpu_kwargs)
+
+    def up(o):
+        if not isinstance(o, torch.Tensor) or isinstance(o, NeuronTensor):
+            return o
+        for alias, original in inputs:
+            if o is alias:
+                T.refresh(original)
+                return original
+        if o.numel() > 0:
+            for alias, original in inputs:
+                if alias.numel() > 0 and o.untyped_storage().data_ptr() == \
+                        alias.untyped_storage().data_ptr():
+                    shift = (o.data_ptr() - alias.data_ptr()) // o.element_size()
+                    return T.make(original._storage, o.shape, o.stride(),
+                                  original.storage_offset() + shift, o.dtype)
+        return T.from_cpu(o)
+
+    return tree_map(up, out)
+
+
+def clear_op_tracking() -> None:
+    executed_ops.clear()
+    fallback_ops.clear()
+    _warned.clear()
+
+
+T.set_dispatcher(dispatch)

@@ -1,0 +1,217 @@
+"""NeuronTensor: a wrapper subclass whose data is a block of simulated HBM.
+
+A tensor is metadata (size, stride, offset, dtype) over a `NeuronStorage`;
+views share the storage, so in-place writes through any view are seen by all.
+The storage returns its block to the caching allocator when the last tensor
+using it dies. `tensor._nd` is a NumPy view of exactly the tensor's elements in
+the kernel dtype (16-bit floats as uint16 bit patterns), which kernels use.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from neuron_eager.device_sim import OutOfMemory, core
+from neuron_eager.ops import _compat
+
+_compat.rename_backend()
+DEVICE = torch.device(_compat.BACKEND, 0)
+
+# torch dtype -> NumPy dtype of the stored elements, as kernels see them.
+STORAGE_DTYPE = {
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.bfloat16: np.dtype(np.uint16),
+    torch.float16: np.dtype(np.uint16),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.uint8: np.dtype(np.uint8),
+    torch.bool: np.dtype(np.bool_),
+    torch.uint16: np.dtype(np.uint16),
+    torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
+}
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
+class NeuronOutOfMemoryError(torch.OutOfMemoryError):
+    """Raised when the simulated HBM cannot hold an allocation."""
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in STORAGE_DTYPE:
+        if dtype.is_complex:
+            raise TypeError(f"{dtype} is not supported on neuron: Trainium has no complex dtypes. "
+                            "Keep complex tensors on the CPU.")
+        raise TypeError(f"{dtype} is not supported on neuron")
+
+
+class NeuronStorage:
+    """One HBM block (or none, for zero bytes) shared by a tensor and its views."""
+
+    __slots__ = ("block", "buffer", "nbytes", "__weakref__")
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        if nbytes == 0:
+            self.block, self.buffer = None, _EMPTY
+            return
+        try:
+            self.block = core.hbm.malloc(nbytes)
+        except OutOfMemory as e:
+            self.block = None
+            raise NeuronOutOfMemoryError(str(e)) from None
+        self.buffer = self.block.buffer
+
+    def __del__(self):
+        block = self.block
+        if block is not None:
+            self.block = None
+            core.hbm.free(block)
+
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def storage_extent(shape, stride, offset: int) -> int:
+    """How many elements from the storage's start a view with this layout reaches."""
+    if any(s == 0 for s in shape):
+        return offset
+    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+class NeuronTensor(torch.Tensor):
+    """A tensor on the simulated NeuronCore (device `neuron:0`)."""
+
+    _storage: NeuronStorage
+    _nd: np.ndarray
+
+    @staticmethod
+    def __new__(cls, storage, shape, stride, offset, dtype, requires_grad=False):
+        return make(storage, shape, stride, offset, dtype, requires_grad)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatcher(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents=None):
+        from neuron_eager.ops.printing import tensor_repr
+
+        return tensor_repr(self)
+
+    def __reduce_ex__(self, protocol):
+        # torch.save, pickle and deepcopy: the data travels as a CPU tensor.
+        return (_rebuild, (to_cpu(self.detach()), self.requires_grad,
+                           getattr(self, "_is_param", False)))
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            copy = self.clone()
+        if self.requires_grad:
+            copy.requires_grad_(True)
+        if getattr(self, "_is_param", False):
+            copy = torch.nn.Parameter(copy, requires_grad=self.requires_grad)
+        if self.grad is not None:
+            copy.grad = self.grad.__deepcopy__(memo)
+        memo[id(self)] = copy
+        return copy
+
+    def numpy(self, *, force: bool = False):
+        if force:
+            return to_cpu(self.detach()).numpy()
+        raise TypeError("can't convert neuron:0 device type tensor to numpy. "
+                        "Use Tensor.cpu() to copy the tensor to host memory first.")
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy()
+
+
+def _rebuild(cpu: torch.Tensor, requires_grad: bool, is_param: bool):
+    t = from_cpu(cpu)
+    if is_param:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+def _dispatch_not_ready(func, args, kwargs):
+    raise RuntimeError("neuron_eager.ops.router has not been imported")
+
+
+_dispatcher = _dispatch_not_ready
+
+
+def set_dispatcher(fn) -> None:
+    """The router installs itself here; adaptive eager may wrap it."""
+    global _dispatcher
+    _dispatcher = fn
+
+
+def nd_view(storage: NeuronStorage, shape, stride, offset: int, dtype: torch.dtype) -> np.ndarray:
+    npdtype = STORAGE_DTYPE[dtype]
+    size = npdtype.itemsize
+    return np.ndarray(shape, npdtype, storage.buffer, offset * size, [s * size for s in stride])
+
+
+def make(storage, shape, stride, offset, dtype, requires_grad=False) -> NeuronTensor:
+    """Wrap `storage` as a tensor with the given layout (no copy)."""
+    t = _compat.make_wrapper(NeuronTensor, shape, stride, offset, dtype, DEVICE, requires_grad)
+    t._storage = storage
+    t._nd = nd_view(storage, shape, stride, offset, dtype)
+    return t
+
+
+def empty(shape, dtype: torch.dtype, stride=None) -> NeuronTensor:
+    """A new tensor in fresh HBM (contiguous unless `stride` is given)."""
+    shape = tuple(shape)
+    check_dtype(dtype)
+    if stride is None:
+        stride = contiguous_strides(shape)
+    nbytes = storage_extent(shape, stride, 0) * STORAGE_DTYPE[dtype].itemsize
+    return make(NeuronStorage(nbytes), shape, tuple(stride), 0, dtype)
+
+
+def refresh(t: NeuronTensor) -> None:
+    """Re-derive `_nd` after the tensor's metadata changed in place."""
+    t._nd = nd_view(t._storage, t.shape, t.stride(), t.storage_offset(), t.dtype)
+
+
+def cpu_alias(t: NeuronTensor) -> torch.Tensor:
+    """A CPU tensor that shares the HBM bytes of `t` (no copy): writes go to the device."""
+    arr = t._nd
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return torch.from_numpy(arr).view(t.dtype) if arr.ndim else \
+            torch.from_numpy(arr.reshape(1)).view(t.dtype).reshape(())
+    if arr.dtype == np.bool_ or arr.ndim:
+        return torch.from_numpy(arr)
+    return torch.from_numpy(arr.reshape(1)).reshape(())
+
+
+def to_cpu(t: NeuronTensor) -> torch.Tensor:
+    """A contiguous CPU copy of `t`."""
+    return cpu_alias(t).clone(memory_format=torch.contiguous_format)
+
+
+def from_cpu(src: torch.Tensor) -> NeuronTensor:
+    """A new contiguous neuron tensor holding a copy of the CPU tensor `src`."""
+    out = empty(src.shape, src.dtype)
+    cpu_alias(out).copy_(src)
+    return out

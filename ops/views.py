@@ -1,0 +1,155 @@
+"""View ops: new metadata over the same storage, computed by PyTorch's meta kernels.
+
+A view op runs on a meta tensor with the input's exact layout; the meta result
+gives size, stride and offset, which then wrap the input's storage. Results
+are cached by (op, layout, arguments), so a repeated view costs one lookup.
+In-place metadata ops (t_, unsqueeze_, resize_, set_, ...) edit the wrapper.
+"""
+from __future__ import annotations
+
+import torch
+
+from neuron_eager.ops import _compat
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+NeuronTensor = T.NeuronTensor
+
+VIEW_OPS = [
+    aten.view.default, aten._unsafe_view.default, aten.t.default, aten.transpose.int,
+    aten.permute.default, aten.expand.default, aten.unsqueeze.default, aten.squeeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.select.int, aten.slice.Tensor,
+    aten.as_strided.default, aten.diagonal.default, aten.unfold.default, aten.alias.default,
+    aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.narrow.default,
+    aten.view.dtype, aten.unflatten.int, aten.movedim.int, aten.chunk.default,
+    aten.tensor_split.sections, aten.tensor_split.indices,
+    aten.swapaxes.default, aten.swapdims.default, aten.expand_as.default,
+    aten._reshape_alias.default, aten.lift_fresh.default,
+]
+_INPLACE_VIEW_OPS = [
+    aten.t_.default, aten.transpose_.default, aten.unsqueeze_.default, aten.squeeze_.default,
+    aten.squeeze_.dim, aten.squeeze_.dims, aten.as_strided_.default, aten.swapdims_.default,
+    aten.swapaxes_.default,
+]
+_cache: dict = {}
+_CACHE_LIMIT = 20000
+
+
+def _key(x, args, kwargs):
+    def freeze(v):
+        if isinstance(v, list):
+            return tuple(freeze(u) for u in v)
+        if isinstance(v, torch.Tensor):
+            raise TypeError  # tensor arguments: no caching
+        return v
+
+    return (tuple(x.shape), x.stride(), x.storage_offset(), x.dtype,
+            tuple(freeze(a) for a in args), tuple(sorted((k, freeze(v)) for k, v in kwargs.items())))
+
+
+def meta_like(x: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with exactly x's size, stride, offset and dtype."""
+    extent = T.storage_extent(x.shape, x.stride(), x.storage_offset())
+    base = torch.empty(max(extent, 1), dtype=x.dtype, device="meta")
+    return base.as_strided(x.shape, x.stride(), x.storage_offset())
+
+
+def view_metadata(func, x, args, kwargs):
+    """[(shape, stride, offset, dtype), ...] of what `func` returns, plus whether it was a list."""
+    try:
+        key = (func, _key(x, args, kwargs))
+        hit = _cache.get(key)
+    except TypeError:
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    out = func(meta_like(x), *args, **kwargs)
+    many = isinstance(out, (list, tuple))
+    metas = out if many else [out]
+    hit = ([(tuple(m.shape), m.stride(), m.storage_offset(), m.dtype) for m in metas], many)
+    if key is not None:
+        if len(_cache) > _CACHE_LIMIT:
+            _cache.clear()
+        _cache[key] = hit
+    return hit
+
+
+def make_view(func):
+    def view(x, *args, **kwargs):
+        metas, many = view_metadata(func, x, args, kwargs)
+        outs = [T.make(x._storage, s, st, off, dt) for s, st, off, dt in metas]
+        return outs if many else outs[0]
+
+    return view
+
+
+for _op in VIEW_OPS:
+    register(_op)(make_view(_op))
+
+
+@register(aten.detach.default)
+def detach(x):
+    return T.make(x._storage, x.shape, x.stride(), x.storage_offset(), x.dtype)
+
+
+def make_inplace_view(func):
+    def view_(x, *args, **kwargs):
+        (meta,), _ = view_metadata(func, x, args, kwargs)
+        _compat.set_metadata(x, meta[0], meta[1], meta[2])
+        T.refresh(x)
+        return x
+
+    return view_
+
+
+for _op in _INPLACE_VIEW_OPS:
+    register(_op)(make_inplace_view(_op))
+
+
+def resize_(x: NeuronTensor, shape, memory_format=None) -> NeuronTensor:
+    """Resize in place; grows the storage (keeping the old bytes) when it must."""
+    shape = tuple(shape)
+    stride = T.contiguous_strides(shape)
+    need = T.storage_extent(shape, stride, x.storage_offset()) * x.element_size()
+    if need > x._storage.nbytes:
+        old = x._storage
+        storage = T.NeuronStorage(need)
+        keep = min(old.nbytes, need)
+        storage.buffer[:keep] = old.buffer[:keep]
+        x._storage = storage
+    _compat.set_metadata(x, shape, stride, x.storage_offset())
+    T.refresh(x)
+    return x
+
+
+register(aten.resize_.default)(resize_)
+
+
+@register(aten.set_.source_Tensor)
+def set_source_tensor(x, source):
+    if not isinstance(source, NeuronTensor):
+        from neuron_eager.ops.router import device_error
+
+        raise device_error(source.device)
+    x._storage = source._storage
+    _compat.set_metadata(x, source.shape, source.stride(), source.storage_offset())
+    T.refresh(x)
+    return x
+
+
+@register(aten.set_.source_Tensor_storage_offset)
+def set_source_tensor_offset(x, source, storage_offset, size, stride=()):
+    x._storage = source._storage
+    stride = stride or T.contiguous_strides(size)
+    _compat.set_metadata(x, size, stride, storage_offset)
+    T.refresh(x)
+    return x
+
+
+@register(aten.set_.default)
+def set_empty(x):
+    x._storage = T.NeuronStorage(0)
+    _compat.set_metadata(x, (0,), (1,), 0)
+    T.refresh(x)
+    return x

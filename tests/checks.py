@@ -1,0 +1,80 @@
+"""Compare an op on neuron against the same op on the CPU.
+
+`check_op(fn, *args)` runs `fn` on CPU inputs and on neuron copies of them,
+compares outputs (and, with `grad=True`, input gradients) with
+`torch.testing.assert_close` at tolerances suited to the dtype, and by default
+asserts that nothing fell back to the CPU.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+import neuron_eager
+
+NEURON = torch.device("neuron")
+# (rtol, atol) per dtype: Trainium computes 16-bit floats in fp32 and rounds once.
+TOLERANCES = {
+    torch.float32: (1.3e-6 * 4, 1e-5),
+    torch.float64: (1.3e-6 * 4, 1e-5),  # computed in float32 on neuron
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float16: (1e-3, 1e-3),
+}
+
+
+def to_neuron(tree):
+    def move(x):
+        if isinstance(x, torch.Tensor):
+            y = x.detach().to(NEURON)
+            return y.requires_grad_(x.requires_grad)
+        return x
+
+    return tree_map(move, tree)
+
+
+def to_cpu(tree):
+    return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def assert_close(actual, expected, rtol=None, atol=None, msg=""):
+    """Compare a neuron result (any pytree) to a CPU result."""
+    a_leaves, _ = tree_flatten(actual)
+    e_leaves, _ = tree_flatten(expected)
+    assert len(a_leaves) == len(e_leaves), f"{msg}: {len(a_leaves)} outputs vs {len(e_leaves)}"
+    for a, e in zip(a_leaves, e_leaves):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor), f"{msg}: expected a tensor, got {type(a)}"
+            assert a.device.type == "neuron", f"{msg}: result on {a.device}, not neuron"
+            r, t = TOLERANCES.get(e.dtype, (0, 0))
+            torch.testing.assert_close(a.cpu(), e, rtol=rtol if rtol is not None else r,
+                                       atol=atol if atol is not None else t, equal_nan=True,
+                                       msg=lambda m: f"{msg}: {m}")
+        else:
+            assert a == e or (a != a and e != e), f"{msg}: {a!r} != {e!r}"
+
+
+def check_op(fn, *args, grad=False, native=True, rtol=None, atol=None, **kwargs):
+    """Run fn(*args, **kwargs) on CPU and on neuron and compare; returns the neuron result."""
+    cpu_args = tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad)
+                        if isinstance(x, torch.Tensor) else x, args)
+    dev_args = to_neuron(cpu_args)
+    neuron_eager.clear_op_tracking()
+    expected = fn(*cpu_args, **kwargs)
+    actual = fn(*dev_args, **to_neuron(kwargs))
+    assert_close(actual, expected, rtol, atol, msg=getattr(fn, "__name__", "op"))
+    if grad:
+        outs = [o for o in tree_flatten(expected)[0]
+                if isinstance(o, torch.Tensor) and o.requires_grad]
+        douts = [o for o in tree_flatten(actual)[0]
+                 if isinstance(o, torch.Tensor) and o.requires_grad]
+        seeds = [torch.randn_like(o) for o in outs]
+        torch.autograd.backward(outs, seeds)
+        torch.autograd.backward(douts, [s.to(NEURON) for s in seeds])
+        for c, d in zip(tree_flatten(cpu_args)[0], tree_flatten(dev_args)[0]):
+            if isinstance(c, torch.Tensor) and c.requires_grad:
+                assert d.grad is not None, "no gradient reached the neuron input"
+                assert_close(d.grad, c.grad, rtol, atol, msg="grad")
+    if native:
+        assert neuron_eager.get_fallback_ops() == {}, \
+            f"fell back to CPU: {neuron_eager.get_fallback_ops()}"
+    return actual

@@ -1,0 +1,28 @@
+import pytest
+import torch
+
+import neuron_eager
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tracking():
+    """Each test starts with clean op counters and the CPU fallback switched on."""
+    neuron_eager.clear_op_tracking()
+    fallback = neuron_eager.config.cpu_fallback
+    yield
+    neuron_eager.config.cpu_fallback = fallback
+
+
+@pytest.fixture
+def native_only():
+    """Run the test with CPU fallback switched off: any unimplemented op raises."""
+    neuron_eager.config.cpu_fallback = False
+    yield
+    neuron_eager.config.cpu_fallback = True
+
+
+@pytest.fixture
+def seed():
+    torch.manual_seed(0)
+    torch.neuron.manual_seed(0)
+    return 0

@@ -1,0 +1,143 @@
+import pytest
+import torch
+
+from checks import check_op
+
+FLOATS = [torch.float32, torch.bfloat16, torch.float16]
+INTS = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+
+
+def _make(shape, dtype, low=-4, high=4):
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if dtype.is_floating_point:
+        return (torch.rand(shape) * (high - low) + low).to(dtype)
+    low = 0 if dtype == torch.uint8 else low
+    return torch.randint(low, high, shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS + INTS)
+@pytest.mark.parametrize("op", [torch.add, torch.sub, torch.mul, torch.maximum, torch.minimum])
+def test_binary_same_shape(op, dtype, seed):
+    check_op(op, _make((5, 7), dtype), _make((5, 7), dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_div_and_alpha(dtype, seed):
+    a, b = _make((3, 4), dtype), _make((3, 4), dtype, 1, 3)
+    check_op(torch.div, a, b)
+    check_op(lambda x, y: torch.add(x, y, alpha=0.5), a, b)
+    check_op(lambda x, y: torch.div(x, y, rounding_mode="floor"), a, b)
+    check_op(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b)
+    check_op(torch.remainder, a, b)
+
+
+def test_integer_division_modes(seed):
+    a = torch.randint(-20, 20, (50,))
+    b = torch.randint(1, 7, (50,)) * torch.where(torch.rand(50) > 0.5, 1, -1)
+    check_op(lambda x, y: x // y, a, b)
+    check_op(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b)
+    check_op(lambda x, y: x / y, a, b)  # int -> float
+
+
+@pytest.mark.parametrize("shapes", [((4, 1, 3), (5, 1)), ((3,), (2, 3)), ((2, 3), ()),
+                                    ((1, 4), (4, 1))])
+def test_broadcasting(shapes, seed):
+    a, b = torch.randn(shapes[0]), torch.randn(shapes[1])
+    check_op(torch.add, a, b)
+    check_op(torch.mul, b, a)
+
+
+def test_strided_and_transposed_inputs(seed):
+    a = torch.randn(6, 8)
+    check_op(lambda x: x.t() * 2 + x.t(), a)
+    check_op(lambda x: x[::2, 1::3] - x[1::2, ::3], a)
+    check_op(lambda x: x.unsqueeze(0).expand(3, 6, 8) + x, a)
+
+
+def test_type_promotion(seed):
+    i, f, h = torch.randint(-5, 5, (4,)), torch.randn(4), torch.randn(4).half()
+    check_op(torch.add, i, f)
+    check_op(torch.add, h, f)
+    check_op(torch.add, h, 2.5)
+    check_op(torch.mul, i, 2.5)
+    check_op(torch.add, i, 3)
+    check_op(torch.add, h, torch.tensor(2.0, dtype=torch.float64))  # 0-dim CPU scalar
+    check_op(lambda x, y: x + y, torch.randn(3, dtype=torch.bfloat16), torch.randn(()))
+
+
+@pytest.mark.parametrize("op", [torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge])
+def test_comparisons(op, seed):
+    a, b = torch.randint(0, 3, (10,)).float(), torch.randint(0, 3, (10,)).float()
+    check_op(op, a, b)
+    check_op(op, a, 1.0)
+
+
+def test_logical_and_bitwise(seed):
+    a, b = _make((9,), torch.bool), _make((9,), torch.bool)
+    check_op(torch.logical_and, a, b)
+    check_op(torch.logical_or, a, b)
+    check_op(torch.logical_xor, a, b)
+    check_op(torch.logical_not, a)
+    check_op(torch.bitwise_not, a)
+    i, j = _make((9,), torch.int32), _make((9,), torch.int32)
+    check_op(torch.bitwise_and, i, j)
+    check_op(torch.bitwise_xor, i, j)
+    check_op(torch.bitwise_not, i)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_unary(dtype, seed):
+    x = _make((17,), dtype)
+    for op in [torch.neg, torch.abs, torch.sign, torch.floor, torch.ceil, torch.trunc,
+               torch.round]:
+        check_op(op, x)
+    p = _make((17,), dtype, 0.1, 4)
+    for op in [torch.sqrt, torch.rsqrt, torch.reciprocal]:
+        check_op(op, p)
+
+
+def test_clamp_and_where(seed):
+    x = torch.randn(20)
+    check_op(lambda t: t.clamp(-0.5, 0.5), x)
+    check_op(lambda t: t.clamp(min=0.1), x)
+    check_op(lambda t: t.clamp(max=torch.zeros_like(t)), x)
+    check_op(lambda t: torch.where(t > 0, t, t * 2), x)
+    check_op(lambda t: torch.where(t > 0, t, 0.0), x)
+
+
+def test_ternary(seed):
+    x, a, b = torch.randn(8), torch.randn(8), torch.rand(8) + 0.5
+    check_op(lambda x, a, b: torch.addcmul(x, a, b, value=0.3), x, a, b)
+    check_op(lambda x, a, b: torch.addcdiv(x, a, b, value=-2), x, a, b)
+    check_op(lambda x, a, b: torch.lerp(x, a, b), x, a, b)
+    check_op(lambda x, a: torch.lerp(x, a, 0.7), x, a)
+
+
+def test_inplace_through_views_is_seen_by_all(seed):
+    def f(x):
+        y = x.clone()
+        v = y[1:, ::2]
+        v.mul_(10)
+        y.t()[0].add_(1)
+        return y
+
+    check_op(f, torch.randn(4, 6))
+
+
+def test_inplace_type_errors_match_cpu():
+    i = torch.arange(4).to("neuron")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        i.add_(torch.randn(4).to("neuron"))
+    x = torch.zeros(3).to("neuron")
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        x.add_(torch.ones(2, 3).to("neuron"))
+    assert x.cpu().tolist() == [0.0, 0.0, 0.0]
+
+
+def test_out_argument(seed):
+    a, b = torch.randn(5), torch.randn(5)
+    out = torch.empty(5).to("neuron")
+    r = torch.add(a.to("neuron"), b.to("neuron"), out=out)
+    assert r is out
+    torch.testing.assert_close(out.cpu(), a + b)
