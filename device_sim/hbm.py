@@ -85,8 +85,8 @@ class _Stat:
         self.freed += n
 
 
-_METRICS = ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes", "allocation",
-            "segment", "active")
+# Tracked per pool; "active" equals "allocated" here because blocks are never split.
+_METRICS = ("allocated_bytes", "reserved_bytes", "requested_bytes", "allocation", "segment")
 _POOLS = ("all", "small_pool", "large_pool")
 
 
@@ -106,10 +106,17 @@ class CachingAllocator:
         self._stats = {(m, p): _Stat() for m in _METRICS for p in _POOLS}
         self._counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 0,
                           "num_device_free": 0}
+        # (allocated_bytes, requested_bytes, allocation) of "all" and of the block's pool,
+        # indexed by "is the block small": the hot path updates these six counters only.
+        self._live_stats = {
+            small: [[self._stats[m, p] for m in ("allocated_bytes", "requested_bytes",
+                                                 "allocation")]
+                    for p in ("all", "small_pool" if small else "large_pool")]
+            for small in (False, True)}
 
     # -- public interface -------------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:
-        size = round_size(nbytes)
+        size = round_size(nbytes) if nbytes > MIN_BLOCK else MIN_BLOCK
         with self._lock:
             cached = self._cache.get(size)
             if cached:
@@ -118,13 +125,19 @@ class CachingAllocator:
                 block = self._new_block(size, nbytes)
             block.requested = nbytes
             block.in_use = True
-            pool = block.pool
-            for p in ("all", pool):
-                self._stats["allocated_bytes", p].add(size)
-                self._stats["active_bytes", p].add(size)
-                self._stats["requested_bytes", p].add(nbytes)
-                self._stats["allocation", p].add(1)
-                self._stats["active", p].add(1)
+            for allocated, requested, count in self._live_stats[size < SMALL_LIMIT]:
+                allocated.current += size
+                allocated.allocated += size
+                if allocated.current > allocated.peak:
+                    allocated.peak = allocated.current
+                requested.current += nbytes
+                requested.allocated += nbytes
+                if requested.current > requested.peak:
+                    requested.peak = requested.current
+                count.current += 1
+                count.allocated += 1
+                if count.current > count.peak:
+                    count.peak = count.current
             return block
 
     def free(self, block: Block) -> None:
@@ -132,14 +145,16 @@ class CachingAllocator:
             if not block.in_use:
                 raise RuntimeError(f"double free of HBM block at {block.address:#x}")
             block.in_use = False
-            pool = block.pool
-            for p in ("all", pool):
-                self._stats["allocated_bytes", p].sub(block.size)
-                self._stats["active_bytes", p].sub(block.size)
-                self._stats["requested_bytes", p].sub(block.requested)
-                self._stats["allocation", p].sub(1)
-                self._stats["active", p].sub(1)
-            self._cache[block.size].append(block)
+            size = block.size
+            requested_bytes = block.requested
+            for allocated, requested, count in self._live_stats[size < SMALL_LIMIT]:
+                allocated.current -= size
+                allocated.freed += size
+                requested.current -= requested_bytes
+                requested.freed += requested_bytes
+                count.current -= 1
+                count.freed += 1
+            self._cache[size].append(block)
 
     def empty_cache(self) -> None:
         with self._lock:
@@ -159,7 +174,11 @@ class CachingAllocator:
         out = {}
         for (metric, pool), s in self._stats.items():
             for field in ("current", "peak", "allocated", "freed"):
-                out[f"{metric}.{pool}.{field}"] = getattr(s, field)
+                value = getattr(s, field)
+                out[f"{metric}.{pool}.{field}"] = value
+                if metric in ("allocated_bytes", "allocation"):
+                    active = "active_bytes" if metric == "allocated_bytes" else "active"
+                    out[f"{active}.{pool}.{field}"] = value
         out.update(self._counters)
         return dict(sorted(out.items()))
 

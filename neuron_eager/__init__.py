@@ -26,7 +26,7 @@ sys.modules.setdefault("torch.neuron", _device)
 
 def get_executed_ops() -> dict[str, int]:
     """Ops run by a neuron kernel since the last clear, with counts."""
-    return dict(router.executed_ops)
+    return router.executed_counts()
 
 
 def get_fallback_ops() -> dict[str, int]:

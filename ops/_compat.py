@@ -57,12 +57,11 @@ def make_wrapper(cls, shape, stride, offset, dtype, device, requires_grad=False)
 def set_metadata(tensor: torch.Tensor, shape, stride, offset: int) -> None:
     """Change a wrapper tensor's size, stride and offset in place (resize_, set_, t_, ...).
 
-    The Meta kernel of `set_` edits the TensorImpl's metadata and nothing else,
-    which is exactly what a wrapper subclass needs.
+    The Meta kernel of `set_`, given the wrapper's own (data-less) storage, edits the
+    TensorImpl's metadata and nothing else, which is exactly what a wrapper subclass needs.
     """
-    storage = torch.UntypedStorage(0, device="meta")
     torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
-        _META, tensor, storage, offset, list(shape), list(stride))
+        _META, tensor, tensor.untyped_storage(), offset, list(shape), list(stride))
 
 
 def ensure_foreach_support(cls) -> None:

@@ -25,7 +25,11 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
     """
     op = E.Elementwise(name, njit(fn), len(params), kind, engine, float_only)
 
+    defaults = [default for _, default in params]
+
     def parse(args, kwargs):
+        if not kwargs and len(args) == operands:
+            return args, defaults
         values = []
         for j, (pname, default) in enumerate(params):
             i = operands + j
@@ -348,7 +352,7 @@ _WHERE = E.Elementwise("where", njit(lambda c, x, y: x if c else y))
 def where(condition, x, y):
     if not isinstance(condition, torch.Tensor) or condition.dtype not in (torch.bool, torch.uint8):
         raise RuntimeError("where expected condition to be a boolean tensor")
-    dtype = torch.result_type(x, y)
+    dtype = E.result_type(x, y)
     shape = E.broadcast_shape([t.shape for t in (condition, x, y) if isinstance(t, E.NeuronTensor)])
     out = E.T.empty(shape, dtype)
     return E.launch(_WHERE, [condition, x, y], (), out, shape, numerics.compute_type(dtype))

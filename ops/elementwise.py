@@ -34,33 +34,49 @@ class Elementwise:
     float_only: bool = False  # refuse integer/bool inputs as PyTorch does
 
 
-def _result_type(operands) -> torch.dtype:
-    if len(operands) == 2:
-        return torch.result_type(operands[0], operands[1])
-    if len(operands) == 1:
-        a = operands[0]
+def _proxy(key):
+    """A CPU stand-in with the same promotion category as the operand `key` describes."""
+    if isinstance(key, tuple):
+        return torch.empty(() if key[1] else (1,), dtype=key[0])
+    return key(1)
+
+
+def _result_type(keys) -> torch.dtype:
+    proxies = [_proxy(k) for k in keys]
+    if len(proxies) == 2:
+        return torch.result_type(proxies[0], proxies[1])
+    if len(proxies) == 1:
+        a = proxies[0]
         return a.dtype if isinstance(a, torch.Tensor) else torch.result_type(torch.tensor(0), a)
     from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-    return elementwise_dtypes(*operands,
+    return elementwise_dtypes(*proxies,
                               type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
 
 
 def dtypes_for(op: Elementwise, operands) -> tuple[torch.dtype, str]:
-    """(result dtype, compute type) of `op` on `operands`."""
-    common = _result_type(operands)
+    """(result dtype, compute type) of `op` on `operands`, by PyTorch's promotion rules.
+
+    Computed on CPU stand-ins (torch.result_type on neuron tensors would dispatch) and
+    cached by the operands' (dtype, is-0-dim) or Python scalar type.
+    """
+    key = (op.kind, op.float_only, op.name, tuple(
+        (a.dtype, a.dim() == 0) if isinstance(a, torch.Tensor) else type(a) for a in operands))
+    hit = _promotion_cache.get(key)
+    if hit is None:
+        hit = _promotion_cache[key] = _dtypes_uncached(op, key[3])
+    return hit
+
+
+def _dtypes_uncached(op: Elementwise, keys) -> tuple[torch.dtype, str]:
+    common = _result_type(keys)
     if op.kind == "always_bool":
         return torch.bool, numerics.compute_type(common)
     if op.kind == "int_to_float" and not common.is_floating_point:
         common = torch.get_default_dtype()
     elif op.float_only and not common.is_floating_point:
-        raise NotImplementedError(f"\"{op.name}\" not implemented for '{_dtype_label(common)}'")
+        raise NotImplementedError(f"\"{op.name}\" not implemented for '{T.dtype_name(common)}'")
     return common, numerics.compute_type(common)
-
-
-def _dtype_label(dtype: torch.dtype) -> str:
-    return {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-            torch.uint8: "Byte", torch.bool: "Bool"}.get(dtype, str(dtype))
 
 
 def broadcast_shape(shapes) -> tuple:
@@ -77,7 +93,7 @@ def _strided(t: NeuronTensor, shape, strides) -> np.ndarray:
                       [s * size for s in strides])
 
 
-def _broadcast_strides(t: torch.Tensor, shape) -> list[int]:
+def broadcast_strides(t: torch.Tensor, shape) -> list[int]:
     lead = len(shape) - t.dim()
     strides = [0] * lead
     for n, size, st in zip(shape[lead:], t.shape, t.stride()):
@@ -85,8 +101,71 @@ def _broadcast_strides(t: torch.Tensor, shape) -> list[int]:
     return strides
 
 
+_PROMOTE = Elementwise("promote", None)
+
+
+def result_type(*operands) -> torch.dtype:
+    """torch.result_type for neuron operands, without dispatching."""
+    return dtypes_for(_PROMOTE, operands)[0]
+
+
+_SCALAR_TYPES = (float, int, bool)
+_fast_plans: dict = {}
+
+
+def _run_contiguous(op: Elementwise, operands, params):
+    """The common case in one pass: contiguous same-shape tensors and Python scalars.
+
+    Returns None when the operands need the general path.
+    """
+    shape = None
+    signature = [op.name, config.stochastic_rounding]
+    for a in operands:
+        kind = type(a)
+        if kind is NeuronTensor:
+            if shape is None:
+                shape = a.shape
+            elif a.shape != shape:
+                return None
+            if not a.is_contiguous():
+                return None
+            signature.append(a.dtype)
+        elif kind in _SCALAR_TYPES:
+            signature.append(kind)
+        else:
+            return None
+    if shape is None or not shape:
+        return None
+    key = tuple(signature)
+    plan = _fast_plans.get(key)
+    if plan is None:
+        plan = _fast_plans[key] = _plan_contiguous(op, operands)
+    kernel, dtype, compute = plan
+    out = T.new_contiguous(shape, dtype)
+    cast = numerics.SCALAR_CAST[compute]
+    args = [a._nd.reshape(-1) if type(a) is NeuronTensor else cast(a) for a in operands]
+    out_arr = out._nd.reshape(-1)
+    kernel(out_arr, *args, *[cast(p) for p in params])
+    core.launch(op.engine, out_arr.size, out_arr.nbytes * (1 + len(operands)))
+    return out
+
+
+def _plan_contiguous(op, operands):
+    dtype, compute = dtypes_for(op, operands)
+    kinds = tuple("a" if type(a) is NeuronTensor else "s" for a in operands)
+    codes = tuple(numerics.CODE[a.dtype] if type(a) is NeuronTensor else "py" for a in operands)
+    stochastic = config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)
+    kernel = kernelgen.elementwise_kernel(op.name, op.fn, op.nparams, kinds, codes, compute,
+                                          numerics.CODE[dtype], "c", stochastic)
+    return kernel, dtype, compute
+
+
 def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -> NeuronTensor:
     """Compute `op` elementwise and return the result (written into `out` if given)."""
+    if out is None:
+        result = _run_contiguous(op, operands, params)
+        if result is not None:
+            return result
     result_dtype, compute = dtypes_for(op, operands)
     arrays = [a for a in operands if isinstance(a, NeuronTensor)]
     shape = broadcast_shape([a.shape for a in arrays]) if arrays else ()
@@ -94,10 +173,8 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
         out = T.empty(shape, result_dtype)
     else:
         if not torch.can_cast(result_dtype, out.dtype):
-            from neuron_eager.ops.router import _dtype_name
-
-            raise RuntimeError(f"result type {_dtype_name(result_dtype)} can't be cast to the "
-                               f"desired output type {_dtype_name(out.dtype)}")
+            raise RuntimeError(f"result type {T.dtype_name(result_dtype)} can't be cast to the "
+                               f"desired output type {T.dtype_name(out.dtype)}")
         if tuple(out.shape) != shape and arrays:
             if broadcast_shape([out.shape, shape]) != tuple(out.shape):
                 raise RuntimeError(f"output with shape {list(out.shape)} doesn't match the "
@@ -139,7 +216,7 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
         args = [a._nd.reshape(-1) if isinstance(a, NeuronTensor) else a for a in args]
     else:
         tensors = [out] + [a for a in args if isinstance(a, NeuronTensor)]
-        strides = [list(out.stride())] + [_broadcast_strides(a, shape) for a in tensors[1:]]
+        strides = [list(out.stride())] + [broadcast_strides(a, shape) for a in tensors[1:]]
         cshape, cstrides = kernelgen.coalesce(shape, strides)
         if len(cshape) > 4:
             return _run_sliced(op, operands, params, out)
@@ -196,7 +273,7 @@ def _launch_converted(dst, src, compute):
         layout, out_arr, arr = "c", dst._nd.reshape(-1), src._nd.reshape(-1)
     else:
         cshape, (so, si) = kernelgen.coalesce(shape, [list(dst.stride()),
-                                                      _broadcast_strides(src, shape)])
+                                                      broadcast_strides(src, shape)])
         if len(cshape) > 4:
             for i in range(dst.shape[0]):
                 _launch_converted(dst[i], src[i] if src.dim() == dst.dim() and src.shape[0] > 1

@@ -114,8 +114,15 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     if steps == 1:
         return C.fill(out, start)
     if steps:
-        step = (float(end) - float(start)) / (steps - 1)
-        _storer64(numerics.CODE[out.dtype])[1](out._nd, float(start), float(end), step)
+        # PyTorch's CPU kernel steps in the output's own float type (fp32 here), in doubles
+        # for integer outputs
+        if meta.dtype.is_floating_point:
+            start, end = np.float32(start), np.float32(end)
+            step = np.float32(end - start) / np.float32(steps - 1)
+        else:
+            start, end = float(start), float(end)
+            step = (end - start) / (steps - 1)
+        _storer64(numerics.CODE[out.dtype])[1](out._nd, start, end, step)
         core.launch("gpsimd", out.numel(), out._nd.nbytes)
     return out
 
@@ -127,7 +134,8 @@ def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
     out = C.fill(_empty_for(meta), 0)
     k = min(out.shape)
     if k:
-        np.einsum("ii->i", out._nd)[...] = numerics.encode_scalar(1, out.dtype)
+        cols = out.shape[1]
+        out._nd.reshape(-1)[: k * (cols + 1): cols + 1] = numerics.encode_scalar(1, out.dtype)
     return out
 
 

@@ -1,1 +1,647 @@
-"""(being written)"""
+"""Indexing ops: gathers and scatters along a dimension, advanced indexing, embedding.
+
+All of them run on the GpSimd engine through two data-movement kernels over raw
+element bits (`take`: out[i] = src[idx[i]], `put`: out[idx[i]] = src[i]) and one
+accumulating kernel (`put_reduce`: fp32 accumulation, rounded once on store).
+Indices are validated on the whole index tensor before anything is written.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import core
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.copy import fill
+from neuron_eager.ops.registry import register
+from neuron_eager.ops.views import meta_like
+
+aten = torch.ops.aten
+NeuronTensor = T.NeuronTensor
+_RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_JIT = kernelgen.JIT_OPTIONS
+
+
+# -- memory helpers ------------------------------------------------------------------------
+def flat(t: NeuronTensor, raw: bool = True) -> np.ndarray:
+    """A 1-D array over t's storage, starting at t's first element (raw bits by default).
+
+    Kernels address it with t's strides, so any layout works without a copy.
+    """
+    dtype = T.STORAGE_DTYPE[t.dtype]
+    extent = max(T.storage_extent(t.shape, t.stride(), 0), 1)
+    avail = t._storage.nbytes // dtype.itemsize - t.storage_offset()
+    return np.ndarray((min(extent, max(avail, 0)),), _RAW[dtype.itemsize] if raw else dtype,
+                      t._storage.buffer, t.storage_offset() * dtype.itemsize)
+
+
+def view(t: NeuronTensor, shape, stride, extra_offset: int = 0) -> NeuronTensor:
+    return T.make(t._storage, tuple(shape), tuple(stride), t.storage_offset() + extra_offset,
+                  t.dtype)
+
+
+def on_device(t: torch.Tensor) -> NeuronTensor:
+    """Index tensors may come from the host (as CUDA allows): copy them over."""
+    return t if isinstance(t, NeuronTensor) else T.from_cpu(t.contiguous())
+
+
+def as_long(t: torch.Tensor) -> NeuronTensor:
+    t = on_device(t)
+    return t if t.dtype == torch.int64 else t.to(torch.int64)
+
+
+class Meta(NamedTuple):
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+
+
+_meta_cache: dict = {}
+meta_stats = {"hits": 0, "misses": 0, "size": 0}
+
+
+def _freeze(v):
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), v.stride(), v.dtype)
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(u) for u in v)
+    return (type(v), v)
+
+
+def _melt(v):
+    if isinstance(v, torch.Tensor):
+        return meta_like(v)
+    if isinstance(v, (list, tuple)):
+        return [_melt(u) for u in v]
+    return v
+
+
+def meta_call(op, *args, **kwargs) -> Meta:
+    """Run `op` on meta stand-ins: the CPU's argument errors, and the result's layout.
+
+    Successful results are cached by the arguments' shapes, strides, dtypes and values,
+    since the meta kernels (often Python references) cost far more than the data movement.
+    """
+    try:
+        key = (op, _freeze(args), _freeze(tuple(sorted(kwargs.items()))))
+        hit = _meta_cache.get(key)
+    except TypeError:  # an unhashable argument
+        key, hit = None, None
+    if hit is not None:
+        meta_stats["hits"] += 1
+        return hit
+    meta_stats["misses"] += 1
+    out = op(*_melt(args), **{k: _melt(v) for k, v in kwargs.items()})
+    result = Meta(tuple(out.shape), out.stride(), out.dtype)
+    if key is not None:
+        if len(_meta_cache) > 20000:
+            _meta_cache.clear()
+        _meta_cache[key] = result
+        meta_stats["size"] = len(_meta_cache)
+    return result
+
+
+def check_bounds(idx: NeuronTensor, n: int, dim: int, negative_ok: bool, style: str) -> None:
+    """Raise as the CPU does if any index is outside [-n, n) (or [0, n)), before any write."""
+    a = idx._nd
+    if a.size == 0:
+        return
+    lo = -n if negative_ok else 0
+    if a.min() >= lo and a.max() < n:
+        return
+    bad = a.reshape(-1)[np.flatnonzero((a.reshape(-1) < lo) | (a.reshape(-1) >= n))[0]]
+    if style == "select":
+        raise IndexError("index out of range in self")
+    msg = f"index {bad} is out of bounds for dimension {dim} with size {n}"
+    raise IndexError(msg) if style == "index" else RuntimeError(msg)
+
+
+def _bstrides(t: torch.Tensor, shape) -> list[int]:
+    return E.broadcast_strides(t, shape)
+
+
+# -- kernels -------------------------------------------------------------------------------
+@njit(**_JIT)
+def _take(out, src, idx, shape, ostr, sstr, istr, sdim, n):
+    d0, d1, d2, d3 = shape
+    os3, ss3, is3 = ostr[3], sstr[3], istr[3]
+    for i0 in range(d0):
+        for i1 in range(d1):
+            for i2 in range(d2):
+                o = i0 * ostr[0] + i1 * ostr[1] + i2 * ostr[2]
+                s = i0 * sstr[0] + i1 * sstr[1] + i2 * sstr[2]
+                j = i0 * istr[0] + i1 * istr[1] + i2 * istr[2]
+                if is3 == 0:  # one index for the whole row (embedding, index_select): a row copy
+                    k = idx[j]
+                    s += (k + n if k < 0 else k) * sdim
+                    if os3 == 1 and ss3 == 1:
+                        for i3 in range(d3):
+                            out[o + i3] = src[s + i3]
+                    else:
+                        for i3 in range(d3):
+                            out[o + i3 * os3] = src[s + i3 * ss3]
+                else:
+                    for i3 in range(d3):
+                        k = idx[j + i3 * is3]
+                        out[o + i3 * os3] = src[s + i3 * ss3 + (k + n if k < 0 else k) * sdim]
+
+
+@njit(**_JIT)
+def _put(out, src, idx, shape, ostr, sstr, istr, odim, n):
+    d0, d1, d2, d3 = shape
+    os3, ss3, is3 = ostr[3], sstr[3], istr[3]
+    for i0 in range(d0):
+        for i1 in range(d1):
+            for i2 in range(d2):
+                o = i0 * ostr[0] + i1 * ostr[1] + i2 * ostr[2]
+                s = i0 * sstr[0] + i1 * sstr[1] + i2 * sstr[2]
+                j = i0 * istr[0] + i1 * istr[1] + i2 * istr[2]
+                if is3 == 0:  # one index for the whole row: a row copy
+                    k = idx[j]
+                    o += (k + n if k < 0 else k) * odim
+                    for i3 in range(d3):
+                        out[o + i3 * os3] = src[s + i3 * ss3]
+                else:
+                    for i3 in range(d3):
+                        k = idx[j + i3 * is3]
+                        out[o + i3 * os3 + (k + n if k < 0 else k) * odim] = src[s + i3 * ss3]
+
+
+def _make_put_reduce(combine, load, lacc, sacc):
+    @njit(**_JIT)
+    def put_reduce(acc, src, idx, shape, astr, sstr, istr, adim, n, alpha, skip):
+        d0, d1, d2, d3 = shape
+        for i0 in range(d0):
+            for i1 in range(d1):
+                for i2 in range(d2):
+                    a = i0 * astr[0] + i1 * astr[1] + i2 * astr[2]
+                    s = i0 * sstr[0] + i1 * sstr[1] + i2 * sstr[2]
+                    j = i0 * istr[0] + i1 * istr[1] + i2 * istr[2]
+                    for i3 in range(d3):
+                        k = idx[j + i3 * istr[3]]
+                        if k < 0:
+                            k += n
+                        if k == skip:
+                            continue
+                        p = a + i3 * astr[3] + k * adim
+                        acc[p] = sacc(combine(lacc(acc[p]), load(src[s + i3 * sstr[3]]), alpha))
+
+    return put_reduce
+
+
+@njit(inline="always")
+def _max_nan(a, b):
+    return a if (a != a or a > b) else b
+
+
+@njit(inline="always")
+def _min_nan(a, b):
+    return a if (a != a or a < b) else b
+
+
+COMBINE = {
+    "sum": njit(inline="always")(lambda a, v, alpha: a + alpha * v),
+    "prod": njit(inline="always")(lambda a, v, alpha: a * v),
+    "amax": njit(inline="always")(lambda a, v, alpha: _max_nan(a, v)),
+    "amin": njit(inline="always")(lambda a, v, alpha: _min_nan(a, v)),
+    "set": njit(inline="always")(lambda a, v, alpha: v),
+}
+_reducers: dict = {}
+
+
+def _reducer(op: str, src_code: str, acc_code: str, compute: str):
+    key = (op, src_code, acc_code, compute)
+    fn = _reducers.get(key)
+    if fn is None:
+        fn = _reducers[key] = _make_put_reduce(
+            COMBINE[op], numerics.loader(src_code, compute), numerics.loader(acc_code, compute),
+            numerics.storer(acc_code))
+    return fn
+
+
+def launch4(kernel, arrays, shape, strides, *extra) -> None:
+    """Run a 4-deep strided kernel over `shape` (any rank: dims merged, or sliced past 4)."""
+    shape, strides = kernelgen.coalesce(list(shape), [list(s) for s in strides])
+    if len(shape) > 4:
+        for i in range(shape[0]):
+            launch4(kernel, [a[i * st[0]:] for a, st in zip(arrays, strides)], shape[1:],
+                    [st[1:] for st in strides], *extra)
+        return
+    pad = 4 - len(shape)
+    kernel(*arrays, tuple([1] * pad + shape), *(tuple([0] * pad + st) for st in strides), *extra)
+
+
+def _zero_dim(strides, dim):
+    strides = list(strides)
+    strides[dim] = 0
+    return strides
+
+
+def take(out: NeuronTensor, src: NeuronTensor, dim: int, idx: NeuronTensor,
+         istrides) -> NeuronTensor:
+    """out[..., i, ...] = src[..., idx[..i..], ...] iterating over out's shape."""
+    if out.numel():
+        launch4(_take, [flat(out), flat(src), flat(idx, raw=False)], out.shape,
+                [out.stride(), _zero_dim(src.stride(), dim), istrides], src.stride(dim),
+                src.shape[dim])
+        core.launch("gpsimd", out.numel(), 2 * out._nd.nbytes + idx._nd.nbytes)
+    return out
+
+
+def put(out: NeuronTensor, src: NeuronTensor, dim: int, idx: NeuronTensor, shape,
+        sstrides, istrides) -> NeuronTensor:
+    """out[..., idx[..i..], ...] = src[..., i, ...] iterating over `shape` (the index's)."""
+    if T.numel(shape):
+        launch4(_put, [flat(out), flat(src), flat(idx, raw=False)], shape,
+                [_zero_dim(out.stride(), dim), sstrides, istrides], out.stride(dim),
+                out.shape[dim])
+        core.launch("gpsimd", T.numel(shape), 2 * T.numel(shape) * out.element_size())
+    return out
+
+
+def put_reduce(acc: NeuronTensor, src: NeuronTensor, dim: int, idx: NeuronTensor, shape,
+               sstrides, istrides, op: str = "sum", alpha=1, skip: int = -(1 << 62)) -> None:
+    """acc[..., idx[..i..], ...] = op(acc[...], src[..., i, ...]) over `shape`, in order."""
+    if not T.numel(shape):
+        return
+    compute = numerics.compute_type(acc.dtype)
+    kernel = _reducer(op, numerics.CODE[src.dtype], numerics.CODE[acc.dtype], compute)
+    launch4(kernel, [flat(acc, raw=False), flat(src, raw=False), flat(idx, raw=False)], shape,
+            [_zero_dim(acc.stride(), dim), sstrides, istrides], acc.stride(dim), acc.shape[dim],
+            numerics.scalar_for(alpha, compute), skip)
+    core.launch("gpsimd", T.numel(shape), 3 * T.numel(shape) * acc.element_size())
+
+
+def accumulator(x: NeuronTensor) -> NeuronTensor:
+    """A fresh copy of x to accumulate into: fp32 for 16-bit floats (rounded once later)."""
+    dtype = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    return E.copy_into(T.empty(x.shape, dtype), x)
+
+
+def finish(acc: NeuronTensor, dtype: torch.dtype) -> NeuronTensor:
+    return acc if acc.dtype == dtype else E.copy_into(T.empty(acc.shape, dtype), acc)
+
+
+def _dim_only(t: torch.Tensor, ndim: int, dim: int) -> list[int]:
+    strides = [0] * ndim
+    strides[dim] = t.stride(0) if t.dim() else 0
+    return strides
+
+
+def _as1d(t: NeuronTensor) -> NeuronTensor:
+    """0-dim tensors act as 1-element vectors (undone by `_shaped`)."""
+    return view(t, (1,), (1,)) if t.dim() == 0 else t
+
+
+def _shaped(t: NeuronTensor, like: torch.Tensor) -> NeuronTensor:
+    return view(t, (), ()) if like.dim() == 0 else t
+
+
+def _contiguous(t: NeuronTensor) -> NeuronTensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+# -- index_select, embedding, index_add ------------------------------------------------------
+@register(aten.index_select.default)
+def index_select(x, dim, index):
+    meta = meta_call(aten.index_select.default, x, dim, index)
+    index = as_long(index)
+    x1 = _as1d(x)
+    dim = dim % x1.dim()
+    check_bounds(index, x1.shape[dim], dim, False, "select")
+    out = T.empty(meta.shape, x.dtype)
+    o1 = _as1d(out)
+    take(o1, x1, dim, index, _dim_only(index, o1.dim(), dim))
+    return out
+
+
+@register(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if weight.dim() != 2:
+        raise RuntimeError("'weight' must be 2-D")
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the "
+                           f"following scalar types: Long, Int; but got {indices.dtype} instead")
+    index = _contiguous(as_long(indices))
+    check_bounds(index, weight.shape[0], 0, False, "select")
+    out = T.empty(tuple(indices.shape) + (weight.shape[1],), weight.dtype)
+    rows = view(out, (index.numel(), weight.shape[1]), (weight.shape[1], 1))
+    take(rows, weight, 0, index, [1, 0])
+    return out
+
+
+@register(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    index = _contiguous(as_long(indices))
+    d = grad.shape[-1]
+    rows = grad.reshape(index.numel(), d)
+    acc = fill(T.empty((num_weights, d), torch.float32), 0)
+    skip = padding_idx if padding_idx >= 0 else -(1 << 62)
+    put_reduce(acc, rows, 0, index, rows.shape, rows.stride(), [1, 0], skip=skip)
+    if scale_grad_by_freq:
+        counts = fill(T.empty((num_weights, 1), torch.float32), 0)
+        put_reduce(counts, _one(torch.float32), 0, index, (index.numel(), 1), [0, 0], [1, 0])
+        acc = aten.div.Tensor(acc, aten.clamp_min.default(counts, 1))
+    return finish(acc, grad.dtype)
+
+
+def _one(dtype):
+    return T.from_cpu(torch.ones((), dtype=dtype))
+
+
+def _index_add(x, dim, index, source, alpha):
+    meta_call(aten.index_add.default, x, dim, index, source, alpha=alpha)
+    index = as_long(index)
+    x1, s1 = _as1d(x), _as1d(source)
+    dim = dim % x1.dim()
+    check_bounds(index, x1.shape[dim], dim, False, "scatter")
+    return x1, s1, dim, index
+
+
+@register(aten.index_add.default)
+def index_add(x, dim, index, source, *, alpha=1):
+    x1, s1, dim, index = _index_add(x, dim, index, source, alpha)
+    acc = accumulator(x1)
+    put_reduce(acc, s1, dim, index, s1.shape, s1.stride(), _dim_only(index, s1.dim(), dim),
+               alpha=alpha)
+    return _shaped(finish(acc, x.dtype), x)
+
+
+@register(aten.index_add_.default)
+def index_add_(x, dim, index, source, *, alpha=1):
+    x1, s1, dim, index = _index_add(x, dim, index, source, alpha)
+    if x.dtype in (torch.bfloat16, torch.float16) or s1._storage is x1._storage:
+        acc = accumulator(x1)  # fp32 (or a copy safe from aliasing), written back once
+        put_reduce(acc, s1, dim, index, s1.shape, s1.stride(), _dim_only(index, s1.dim(), dim),
+                   alpha=alpha)
+        return E.copy_into(x, _shaped(acc, x))
+    put_reduce(x1, s1, dim, index, s1.shape, s1.stride(), _dim_only(index, s1.dim(), dim),
+               alpha=alpha)
+    return x
+
+
+# -- gather, scatter ------------------------------------------------------------------------
+@register(aten.gather.default)
+def gather(x, dim, index, *, sparse_grad=False):
+    meta_call(aten.gather.default, x, dim, index)
+    index = on_device(index)
+    x1, i1 = _as1d(x), _as1d(index)
+    dim = dim % x1.dim()
+    check_bounds(index, x1.shape[dim], dim, False, "scatter")
+    out = T.empty(index.shape, x.dtype)
+    take(_as1d(out), x1, dim, i1, i1.stride())
+    return out
+
+
+def _scatter_prep(op, x, dim, index, src, *extra, **kwargs):
+    meta_call(op, x, dim, index, src, *extra, **kwargs)
+    index = on_device(index)
+    x1, i1 = _as1d(x), _as1d(index)
+    dim = dim % x1.dim()
+    check_bounds(index, x1.shape[dim], dim, False, "scatter")
+    if isinstance(src, torch.Tensor):
+        s1 = _as1d(on_device(src))
+        sstr = s1.stride()
+    else:  # a scalar value, broadcast from one element
+        s1 = T.from_cpu(torch.tensor(src, dtype=x.dtype))
+        sstr = [0] * i1.dim()
+    return x1, i1, s1, sstr, dim
+
+
+def _clone(x: NeuronTensor) -> NeuronTensor:
+    return E.copy_into(T.empty(x.shape, x.dtype), x)
+
+
+@register(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    x1, i1, s1, sstr, dim = _scatter_prep(aten.scatter.src if isinstance(src, torch.Tensor)
+                                          else aten.scatter.value, x, dim, index, src)
+    out = _clone(x1)
+    if s1.dtype != x.dtype:
+        s1 = s1.to(x.dtype)
+    put(out, s1, dim, i1, i1.shape, sstr, i1.stride())
+    return _shaped(out, x)
+
+
+@register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got "
+                               f"tensor with {value.dim()} dimension(s).")
+        value = value.item()
+    meta_call(aten.index_fill.int_Scalar, x, dim, index, value)
+    index = as_long(index)
+    x1 = _as1d(x)
+    dim = dim % x1.dim()
+    check_bounds(index, x1.shape[dim], dim, True, "index")
+    out = _clone(x1)
+    shape = list(out.shape)
+    shape[dim] = index.numel()
+    put(out, T.from_cpu(torch.tensor(value, dtype=x.dtype)), dim, index.reshape(-1), shape,
+        [0] * len(shape), _dim_only(index.reshape(-1), len(shape), dim))
+    return _shaped(out, x)
+
+
+_REDUCE_NAMES = {"add": "sum", "multiply": "prod", "sum": "sum", "prod": "prod", "mean": "mean",
+                 "amax": "amax", "amin": "amin"}
+
+
+@register(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(x, dim, index, src, *, reduce):
+    if reduce not in ("add", "multiply"):
+        raise RuntimeError(f"reduce argument must be either add or multiply. Got {reduce}")
+    op = aten.scatter.reduce if isinstance(src, torch.Tensor) else aten.scatter.value_reduce
+    x1, i1, s1, sstr, dim = _scatter_prep(op, x, dim, index, src, reduce=reduce)
+    acc = accumulator(x1)
+    put_reduce(acc, s1, dim, i1, i1.shape, sstr, i1.stride(), _REDUCE_NAMES[reduce])
+    return _shaped(finish(acc, x.dtype), x)
+
+
+@register(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    x1, i1, s1, sstr, dim = _scatter_prep(aten.scatter_add.default, x, dim, index, src)
+    acc = accumulator(x1)
+    put_reduce(acc, s1, dim, i1, i1.shape, sstr, i1.stride())
+    return _shaped(finish(acc, x.dtype), x)
+
+
+_IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "amax": float("-inf"), "amin": float("inf")}
+
+
+@register(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    x1, i1, s1, sstr, dim = _scatter_prep(aten.scatter_reduce.two, x, dim, index, src, reduce,
+                                          include_self=include_self)
+    op = _REDUCE_NAMES[reduce]
+    acc = accumulator(x1)
+    ishape, istr = i1.shape, i1.stride()
+    if not include_self:  # scattered positions start from the reduction's identity
+        ident = _IDENTITY[op]
+        if not acc.dtype.is_floating_point and ident in (float("inf"), float("-inf")):
+            # int64 computes in 32 bits on the engines (numerics.py)
+            info = torch.iinfo(torch.int32 if acc.dtype == torch.int64 else acc.dtype)
+            ident = info.max if ident > 0 else info.min
+        put_reduce(acc, T.from_cpu(torch.tensor(ident, dtype=acc.dtype)), dim, i1, ishape,
+                   [0] * len(ishape), istr, "set")
+    put_reduce(acc, s1, dim, i1, ishape, sstr, istr, "sum" if op == "mean" else op)
+    if op == "mean":
+        counts = fill(T.empty(acc.shape, acc.dtype), int(include_self))
+        put_reduce(counts, _one(acc.dtype), dim, i1, ishape, [0] * len(ishape), istr)
+        counts = aten.clamp_min.default(counts, 1)
+        mode = None if acc.dtype.is_floating_point else "floor"
+        acc = aten.div.Tensor_mode(acc, counts, rounding_mode=mode)
+    return _shaped(finish(acc, x.dtype), x)
+
+
+# -- advanced indexing (index.Tensor, index_put) ---------------------------------------------
+_LINEAR_FIRST = E.Elementwise("index_offset0", njit(lambda i, n, st: (i + n if i < 0 else i) * st),
+                              nparams=2)
+_LINEAR_NEXT = E.Elementwise("index_offset", njit(
+    lambda acc, i, n, st: acc + (i + n if i < 0 else i) * st), nparams=2)
+
+
+def _expand_masks(x, indices):
+    """Bool/byte masks -> long index tensors (one per masked dim); checks like the CPU."""
+    out = []
+    for k, idx in enumerate(indices):
+        if idx is None:
+            out.append(None)
+            continue
+        if idx.dtype in (torch.bool, torch.uint8):
+            d = len(out)
+            if tuple(idx.shape) != tuple(x.shape[d:d + idx.dim()]):
+                raise IndexError(f"The shape of the mask {list(idx.shape)} at index {k} does not "
+                                 f"match the shape of the indexed tensor {list(x.shape)} at "
+                                 f"index {d}")
+            mask = on_device(idx)
+            if mask.dtype == torch.uint8:
+                mask = mask.to(torch.bool)
+            if idx.dim() == 0:
+                mask = mask.reshape(1)
+            coords = aten.nonzero.default(mask)
+            # an empty selection: separate tensors (views of a 0-byte storage cannot be offset)
+            out.extend([T.empty((0,), torch.int64)] * mask.dim() if not coords.numel() else
+                       coords.unbind(1))
+        elif idx.dtype in (torch.int64, torch.int32):
+            out.append(as_long(idx))
+        else:
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    return out
+
+
+def _plan(x, indices):
+    """Where advanced indexing reads: (rest shape/strides with the index block, offsets, pos).
+
+    Returns the result shape, the strides of x for that shape (0 on index dims), the
+    element-offset tensor L (the broadcast shape of the indices) and its strides.
+    """
+    if not any(i is not None for i in indices):
+        raise IndexError("at least one index must be provided")
+    indices = _expand_masks(x, indices)
+    if len(indices) > x.dim():
+        raise IndexError(f"too many indices for tensor of dimension {x.dim()} "
+                         f"(got {len(indices)})")
+    indices += [None] * (x.dim() - len(indices))
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    try:
+        bshape = tuple(torch.broadcast_shapes(*[indices[d].shape for d in dims]))
+    except RuntimeError:
+        shapes = ", ".join(str(list(indices[d].shape)) for d in dims)
+        raise IndexError(f"shape mismatch: indexing tensors could not be broadcast together "
+                         f"with shapes {shapes}") from None
+    for d in dims:
+        check_bounds(indices[d], x.shape[d], d, True, "index")
+    offsets = None
+    for d in dims:
+        params = [x.shape[d], x.stride(d)]
+        offsets = (E.run(_LINEAR_FIRST, [indices[d]], params) if offsets is None
+                   else E.run(_LINEAR_NEXT, [offsets, indices[d]], params))
+    rest = [d for d in range(x.dim()) if d not in dims]
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))
+    pos = sum(1 for d in rest if d < dims[0]) if adjacent else 0
+    shape = [x.shape[d] for d in rest]
+    xstr = [x.stride(d) for d in rest]
+    shape[pos:pos] = bshape
+    xstr[pos:pos] = [0] * len(bshape)
+    ostr = [0] * len(rest)
+    ostr[pos:pos] = offsets.stride()
+    return tuple(shape), xstr, offsets, ostr
+
+
+def _take_offsets(out, x, xstr, offsets, ostr):
+    """out = x at offsets: a take along a virtual dim of stride 1 and unbounded size."""
+    if out.numel():
+        launch4(_take, [flat(out), flat(x), flat(offsets, raw=False)], out.shape,
+                [out.stride(), xstr, ostr], 1, 0)
+        core.launch("gpsimd", out.numel(), 2 * out._nd.nbytes + offsets._nd.nbytes)
+    return out
+
+
+@register(aten.index.Tensor)
+def index(x, indices):
+    shape, xstr, offsets, ostr = _plan(x, list(indices))
+    return _take_offsets(T.empty(shape, x.dtype), x, xstr, offsets, ostr)
+
+
+def _index_put_into(dst, indices, values, accumulate):
+    """dst[indices] = values (or += with accumulate), written in place into dst."""
+    if not isinstance(values, NeuronTensor):
+        values = on_device(values) if values.dim() else T.from_cpu(values)
+    if values.dtype != dst.dtype:
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                           f"{_name(dst.dtype)} for the destination and {_name(values.dtype)} "
+                           "for the source.")
+    indices = _expand_masks(dst, list(indices))
+    shape, xstr, offsets, ostr = _plan(dst, indices)
+    try:
+        fits = tuple(torch.broadcast_shapes(values.shape, shape)) == tuple(shape)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot "
+                           f"be broadcast to indexing result of shape {list(shape)}")
+    vstr = _bstrides(values, shape)
+    if values._storage is dst._storage:
+        values = _clone(values)
+    if not T.numel(shape):
+        return dst
+    if not accumulate:
+        launch4(_put, [flat(dst), flat(values), flat(offsets, raw=False)], shape,
+                [xstr, vstr, ostr], 1, 0)
+        core.launch("gpsimd", T.numel(shape), 2 * T.numel(shape) * dst.element_size())
+        return dst
+    acc = accumulator(dst) if dst.dtype in (torch.bfloat16, torch.float16) else dst
+    if acc is not dst:
+        _, xstr, offsets, ostr = _plan(acc, indices)
+    kernel = _reducer("sum", numerics.CODE[values.dtype], numerics.CODE[acc.dtype],
+                      numerics.compute_type(acc.dtype))
+    compute = numerics.compute_type(acc.dtype)
+    launch4(kernel, [flat(acc, raw=False), flat(values, raw=False), flat(offsets, raw=False)],
+            shape, [xstr, vstr, ostr], 1, 0, numerics.scalar_for(1, compute), -(1 << 62))
+    core.launch("gpsimd", T.numel(shape), 3 * T.numel(shape) * acc.element_size())
+    return E.copy_into(dst, acc) if acc is not dst else dst
+
+
+def _name(dtype):
+    return T.dtype_name(dtype)
+
+
+@register(aten.index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    return _index_put_into(_clone(x), indices, values, accumulate)
+
+
+@register(aten.index_put_.default)
+def index_put_(x, indices, values, accumulate=False):
+    return _index_put_into(x, indices, values, accumulate)
+
+
+@register(aten._index_put_impl_.default)
+def _index_put_impl_(x, indices, values, accumulate=False, unsafe=False):
+    return _index_put_into(x, indices, values, accumulate)

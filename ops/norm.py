@@ -1,1 +1,520 @@
-"""(being written)"""
+"""Normalisation layers: layer, group and batch norm, forward and backward.
+
+Statistics are computed and kept in fp32 (mean/rstd outputs are float32 for 16-bit
+inputs, as PyTorch's meta kernels and CUDA give them); inputs are widened on load and
+each output is rounded once on store. Batch norm in training updates the running
+statistics in place as the CPU does: momentum-weighted, with the unbiased variance.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+from torch.utils._pytree import tree_map
+
+from neuron_eager.device_sim import config, core
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import numerics
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.kernelgen import JIT_OPTIONS
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+F32 = torch.float32
+_kernels: dict = {}
+
+
+# -- shared plumbing -------------------------------------------------------------------
+def kernel_for(build, load_code: str, store_code: str):
+    """The kernel `build(load, store)` for one storage format pair, compiled once."""
+    key = (build, load_code, store_code)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        kernel = _kernels[key] = build(numerics.loader(load_code, "f32"),
+                                       numerics.storer(store_code))
+    return kernel
+
+
+def meta_run(op, *args):
+    """Run `op` on meta copies of the arguments: CPU-identical checks and output metadata."""
+    def to_meta(a):
+        if isinstance(a, torch.Tensor):
+            return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+        return a
+
+    return op(*tree_map(to_meta, args))
+
+
+def staged(shape, dtype: torch.dtype, stat: bool = False):
+    """(result, what the kernel writes into). Kernels write statistics (`stat`) as fp32;
+    16-bit results go through an fp32 stage when rounding is stochastic, so that the
+    convert kernel does the rounding."""
+    out = T.empty(shape, dtype)
+    if (stat and dtype != F32) or (config.stochastic_rounding and dtype in (torch.bfloat16,
+                                                                            torch.float16)):
+        return out, T.empty(shape, F32)
+    return out, out
+
+
+def finish(out: T.NeuronTensor, stage: T.NeuronTensor) -> T.NeuronTensor:
+    if stage is not out:
+        E.copy_into(out, stage)
+    return out
+
+
+def f32_vector(t: T.NeuronTensor | None, n: int, fill: float) -> T.NeuronTensor:
+    """A contiguous fp32 copy of a parameter vector (widening is exact), or `fill`s."""
+    if t is None:
+        out = T.empty((n,), F32)
+        out._nd[...] = fill
+        return out
+    return t.to(F32).contiguous().reshape(n)
+
+
+def _code(dtype: torch.dtype) -> str:
+    return numerics.CODE[dtype]
+
+
+# -- lane sums ---------------------------------------------------------------------------
+# Note [Lane sums]: a sum over a contiguous run is accumulated in 8 fp32 lanes (element j
+# goes to lane j % 8) that are then added as a tree, the way a SIMD engine keeps partial
+# sums. The order is fixed, so results are deterministic, and LLVM can vectorise it, which
+# it may not do for a strict left-to-right fp32 sum (3x faster here).
+@njit(inline="always")
+def _tree(acc):
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+
+
+def lane_total(load):
+    """Jitted `total(v, start, stop, mu, square)`: sum of (v[j] - mu) or of its square."""
+    @njit(inline="always")
+    def total(v, start, stop, mu, square):
+        head = np.float32(0)
+        end = start
+        if stop - start >= 16:  # short runs (e.g. [N, C] batch norm) skip the lanes
+            acc = np.zeros(8, np.float32)
+            end = start + (stop - start) // 8 * 8
+            for j in range(start, end, 8):
+                for lane in range(8):
+                    d = load(v[j + lane]) - mu
+                    acc[lane] += d * d if square else d
+            head = _tree(acc)
+        tail = np.float32(0)
+        for j in range(end, stop):
+            d = load(v[j]) - mu
+            tail += d * d if square else d
+        return head + tail
+
+    return total
+
+
+def lane_dual(load_a, load_x):
+    """Jitted `dual(a, x, start, stop, mu)`: (sum of a[j], sum of a[j] * (x[j] - mu))."""
+    @njit(inline="always")
+    def dual(a, x, start, stop, mu):
+        head1 = np.float32(0)
+        head2 = np.float32(0)
+        end = start
+        if stop - start >= 16:
+            acc1 = np.zeros(8, np.float32)
+            acc2 = np.zeros(8, np.float32)
+            end = start + (stop - start) // 8 * 8
+            for j in range(start, end, 8):
+                for lane in range(8):
+                    v = load_a(a[j + lane])
+                    acc1[lane] += v
+                    acc2[lane] += v * (load_x(x[j + lane]) - mu)
+            head1, head2 = _tree(acc1), _tree(acc2)
+        t1 = np.float32(0)
+        t2 = np.float32(0)
+        for j in range(end, stop):
+            v = load_a(a[j])
+            t1 += v
+            t2 += v * (load_x(x[j]) - mu)
+        return head1 + t1, head2 + t2
+
+    return dual
+
+
+_AS_F32 = numerics.loader("f32", "f32")
+
+
+# -- row norms: layer norm and group norm ---------------------------------------------
+# A row of `length` elements is normalised over itself. Affine parameters are indexed
+# by channel: row r uses w[(r % groups) * nw + c] for its c-th block of `per_w` elements
+# (layer norm: groups = per_w = 1; group norm: a row is one group, per_w = H*W).
+def _build_row_norm(load, store):
+    total = lane_total(load)
+
+    @njit(**JIT_OPTIONS)
+    def row_norm(x, w, b, out, mean, rstd, groups, per_w, eps):
+        rows, length = x.shape
+        nw = length // per_w
+        n = np.float32(length)
+        for r in range(rows):
+            src, dst = x[r], out[r]
+            shift = load(src[0])  # sums of x - x[0] stay small: less fp32 cancellation
+            mu = shift + total(src, 0, length, shift, False) / n
+            rs = np.float32(1) / np.sqrt(total(src, 0, length, mu, True) / n + eps)
+            base = (r % groups) * nw
+            if per_w == 1:
+                for j in range(length):
+                    dst[j] = store((load(src[j]) - mu) * (rs * w[base + j]) + b[base + j])
+            else:
+                for c in range(nw):
+                    scale, bias = rs * w[base + c], b[base + c]
+                    for j in range(c * per_w, (c + 1) * per_w):
+                        dst[j] = store((load(src[j]) - mu) * scale + bias)
+            mean[r] = mu
+            rstd[r] = rs
+
+    return row_norm
+
+
+def _build_row_norm_backward(load, store):
+    dual = lane_dual(_AS_F32, load)
+
+    @njit(**JIT_OPTIONS)
+    def row_norm_backward(g, x, mean, rstd, w, gx, gw, gb, groups, per_w, want_gx):
+        rows, length = x.shape
+        nw = length // per_w
+        n = np.float32(length)
+        gw[:] = 0
+        gb[:] = 0
+        gy = np.empty(length, np.float32)  # one row of grad_out * weight
+        for r in range(rows):
+            mu, rs = mean[r], rstd[r]
+            base = (r % groups) * nw
+            xr, gr = x[r], g[r]
+            for j in range(length):
+                gy[j] = load(gr[j])
+            if per_w == 1:  # one weight per element
+                if gw.shape[0]:
+                    for j in range(length):
+                        gw[base + j] += gy[j] * ((load(xr[j]) - mu) * rs)
+                        gb[base + j] += gy[j]
+                for j in range(length):
+                    gy[j] *= w[base + j]
+                s_gy, s_gyxc = dual(gy, xr, 0, length, mu)
+            else:  # one weight per block of per_w elements
+                s_gy = np.float32(0)
+                s_gyxc = np.float32(0)
+                for c in range(nw):
+                    lo, hi = c * per_w, (c + 1) * per_w
+                    s_g, s_gxc = dual(gy, xr, lo, hi, mu)
+                    if gw.shape[0]:
+                        gw[base + c] += s_gxc * rs
+                        gb[base + c] += s_g
+                    wc = w[base + c]
+                    s_gy += wc * s_g
+                    s_gyxc += wc * s_gxc
+                    for j in range(lo, hi):
+                        gy[j] *= wc
+            if want_gx:  # rstd * (gy - mean(gy) - xhat * mean(gy * xhat))
+                a = s_gy / n
+                k = s_gyxc * rs / n
+                dst = gx[r]
+                for j in range(length):
+                    dst[j] = store(rs * (gy[j] - a - (load(xr[j]) - mu) * rs * k))
+
+    return row_norm_backward
+
+
+def row_norm(x, weight, bias, stat_shape, stat_dtype, rows, length, groups, per_w, eps):
+    """Shared forward: returns (out, mean, rstd)."""
+    out, out_stage = staged(x.shape, x.dtype)
+    mean, mean_stage = staged(stat_shape, stat_dtype, stat=True)
+    rstd, rstd_stage = staged(stat_shape, stat_dtype, stat=True)
+    nparams = groups * (length // per_w) if length else 0
+    x = x.contiguous()
+    w, b = f32_vector(weight, nparams, 1.0), f32_vector(bias, nparams, 0.0)
+    if x.numel():
+        kernel = kernel_for(_build_row_norm, _code(x.dtype), _code(out_stage.dtype))
+        kernel(x._nd.reshape(rows, length), w._nd, b._nd, out_stage._nd.reshape(rows, length),
+               mean_stage._nd.reshape(rows), rstd_stage._nd.reshape(rows), groups, per_w,
+               np.float32(eps))
+        core.launch("vector", x.numel(), 2 * x._nd.nbytes + 8 * rows)
+    elif rows:  # empty rows: mean 0 and rstd NaN, as on CPU
+        mean_stage._nd[...] = 0
+        rstd_stage._nd[...] = np.nan
+    return finish(out, out_stage), finish(mean, mean_stage), finish(rstd, rstd_stage)
+
+
+def row_norm_backward(g, x, mean, rstd, weight, rows, length, groups, per_w, want_gx, want_gw,
+                      want_gb):
+    """Shared backward: returns (grad_input, grad_weight as fp32, grad_bias as fp32)."""
+    want_params = want_gw or want_gb
+    nparams = groups * (length // per_w) if length else 0
+    g, x = g.contiguous(), x.contiguous()
+    w = f32_vector(weight, nparams, 1.0)
+    mean = f32_vector(mean, rows, 0.0)
+    rstd = f32_vector(rstd, rows, 1.0)
+    gx, gx_stage = staged(x.shape, x.dtype) if want_gx else (None, None)
+    gw = T.empty((nparams if want_params else 0,), F32)
+    gb = T.empty((nparams if want_params else 0,), F32)
+    if x.numel():
+        kernel = kernel_for(_build_row_norm_backward, _code(x.dtype),
+                            _code(gx_stage.dtype if want_gx else x.dtype))
+        dummy = np.empty((0, 0), x._nd.dtype)
+        kernel(g._nd.reshape(rows, length), x._nd.reshape(rows, length), mean._nd, rstd._nd,
+               w._nd, gx_stage._nd.reshape(rows, length) if want_gx else dummy, gw._nd, gb._nd,
+               groups, per_w, want_gx)
+        core.launch("vector", x.numel(), 3 * x._nd.nbytes)
+    else:
+        gw._nd[...] = 0
+        gb._nd[...] = 0
+    return (finish(gx, gx_stage) if want_gx else None,
+            gw if want_params and want_gw else None, gb if want_params and want_gb else None)
+
+
+def to_param(acc: T.NeuronTensor | None, like: T.NeuronTensor | None):
+    """An fp32 gradient accumulator rounded once into its parameter's dtype and shape
+    (None when no such parameter exists)."""
+    if acc is None or like is None:
+        return None
+    acc = acc.reshape(like.shape)
+    return acc if like.dtype == F32 else acc.to(like.dtype)
+
+
+def _rows(x, normalized_shape) -> tuple[int, int]:
+    """(rows, row length) of `x` normalised over its trailing `normalized_shape`."""
+    length = T.numel(normalized_shape)
+    return T.numel(x.shape[:x.dim() - len(normalized_shape)]), length
+
+
+@register(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    meta = meta_run(aten.native_layer_norm.default, input, normalized_shape, weight, bias, eps)
+    rows, length = _rows(input, normalized_shape)
+    return row_norm(input, weight, bias, meta[1].shape, meta[1].dtype, rows, length, 1, 1, eps)
+
+
+@register(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                               output_mask):
+    rows, length = _rows(input, normalized_shape)
+    gx, gw, gb = row_norm_backward(grad_out, input, mean, rstd, weight, rows, length, 1, 1,
+                                   *output_mask)
+    return gx, to_param(gw, weight), to_param(gb, bias)
+
+
+@register(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    meta = meta_run(aten.native_group_norm.default, input, weight, bias, N, C, HxW, group, eps)
+    return row_norm(input, weight, bias, meta[1].shape, meta[1].dtype, N * group,
+                    (C // group) * HxW, group, HxW, eps)
+
+
+@register(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group,
+                               output_mask):
+    rows, length = N * group, (C // group) * HxW
+    gx, gw, gb = row_norm_backward(grad_out, input, mean, rstd, weight, rows, length, group,
+                                   HxW, *output_mask)
+    return gx, to_param(gw, weight), to_param(gb, weight)
+
+
+# -- batch norm --------------------------------------------------------------------------
+# The input is viewed as [N, C, S]; statistics are per channel over N*S elements, summed
+# run by run (lane sums over each S-run) in memory order into per-channel fp32
+# accumulators. In training `var` receives the sum of squared deviations (M2); in
+# evaluation it holds the running variance.
+def _build_batch_norm(load, store):
+    total = lane_total(load)
+
+    @njit(**JIT_OPTIONS)
+    def batch_norm(x, w, b, out, mean, var, invstd, eps, train):
+        n_, channels, s_ = x.shape
+        m = np.float32(n_ * s_)
+        if train:
+            acc = np.zeros(channels, np.float32)
+            shift = np.empty(channels, np.float32)  # sums of x - x[0, c, 0] stay small
+            for c in range(channels):
+                shift[c] = load(x[0, c, 0])
+            for n in range(n_):
+                for c in range(channels):
+                    acc[c] += total(x[n, c], 0, s_, shift[c], False)
+            for c in range(channels):
+                mean[c] = shift[c] + acc[c] / m
+                acc[c] = 0
+            for n in range(n_):
+                for c in range(channels):
+                    acc[c] += total(x[n, c], 0, s_, mean[c], True)
+            for c in range(channels):
+                var[c] = acc[c]
+                invstd[c] = np.float32(1) / np.sqrt(acc[c] / m + eps)
+        else:
+            for c in range(channels):
+                invstd[c] = np.float32(1) / np.sqrt(var[c] + eps)
+        for n in range(n_):
+            for c in range(channels):
+                mu, scale, shift = mean[c], invstd[c] * w[c], b[c]
+                src, dst = x[n, c], out[n, c]
+                for s in range(s_):
+                    dst[s] = store((load(src[s]) - mu) * scale + shift)
+
+    return batch_norm
+
+
+def _build_running_update(load, store):
+    @njit(**JIT_OPTIONS)
+    def running_update(running_mean, running_var, mean, m2, momentum, count):
+        keep = np.float32(1) - momentum
+        for c in range(mean.shape[0]):
+            running_mean[c] = store(momentum * mean[c] + keep * load(running_mean[c]))
+            running_var[c] = store(momentum * (m2[c] / (count - np.float32(1))) +
+                                   keep * load(running_var[c]))
+
+    return running_update
+
+
+def _build_batch_norm_backward(load, store):
+    dual = lane_dual(load, load)
+
+    @njit(**JIT_OPTIONS)
+    def batch_norm_backward(g, x, w, mean, stat, eps, train, gx, gw, gb, want_gx):
+        n_, channels, s_ = x.shape
+        m = np.float32(n_ * s_)
+        inv = np.empty(channels, np.float32)
+        for c in range(channels):
+            inv[c] = stat[c] if train else np.float32(1) / np.sqrt(stat[c] + eps)
+            gb[c] = 0
+            gw[c] = 0  # holds sum(g * (x - mean)) until the end
+        for n in range(n_):
+            for c in range(channels):
+                p_g, p_gxc = dual(g[n, c], x[n, c], 0, s_, mean[c])
+                gb[c] += p_g
+                gw[c] += p_gxc
+        if want_gx:
+            for n in range(n_):
+                for c in range(channels):
+                    mu, scale = mean[c], inv[c] * w[c]
+                    g_mean = gb[c] / m if train else np.float32(0)
+                    k = gw[c] * inv[c] * inv[c] / m if train else np.float32(0)
+                    gr, xr, dst = g[n, c], x[n, c], gx[n, c]
+                    for s in range(s_):
+                        dst[s] = store((load(gr[s]) - g_mean - (load(xr[s]) - mu) * k) * scale)
+        for c in range(channels):
+            gw[c] *= inv[c]
+
+    return batch_norm_backward
+
+
+def _ncs(t: T.NeuronTensor) -> np.ndarray:
+    return t._nd.reshape(t.shape[0], t.shape[1], -1) if t.numel() else \
+        np.empty((t.shape[0], t.shape[1], 0), t._nd.dtype)
+
+
+def batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(out, save_mean, save_invstd); updates the running statistics when training."""
+    meta = meta_run(aten.native_batch_norm.default, input, weight, bias, running_mean,
+                    running_var, training, momentum, eps)
+    stat_dtype, channels = meta[1].dtype, input.shape[1]
+    use_batch_stats = training or running_mean is None or running_var is None
+    if use_batch_stats and input.numel() == 0:
+        raise RuntimeError("input tensor must have at least one element, but got input_sizes "
+                           f"= {list(input.shape)}")
+    x = input.contiguous()
+    out, out_stage = staged(x.shape, x.dtype)
+    w, b = f32_vector(weight, channels, 1.0), f32_vector(bias, channels, 0.0)
+    if use_batch_stats:
+        mean, var = T.empty((channels,), F32), T.empty((channels,), F32)
+    else:
+        mean, var = f32_vector(running_mean, channels, 0), f32_vector(running_var, channels, 1)
+    invstd = T.empty((channels,), F32)
+    if x.numel():
+        kernel = kernel_for(_build_batch_norm, _code(x.dtype), _code(out_stage.dtype))
+        kernel(_ncs(x), w._nd, b._nd, _ncs(out_stage), mean._nd, var._nd, invstd._nd,
+               np.float32(eps), use_batch_stats)
+        core.launch("vector", x.numel(), (3 if use_batch_stats else 2) * x._nd.nbytes)
+    finish(out, out_stage)
+    if not use_batch_stats:  # evaluation: CPU returns empty statistics
+        return out, T.empty((0,), stat_dtype), T.empty((0,), stat_dtype)
+    if training and running_mean is not None and running_var is not None:
+        count = input.numel() // max(channels, 1)
+        update = kernel_for(_build_running_update, _code(running_mean.dtype),
+                            _code(running_mean.dtype))
+        update(running_mean._nd, running_var._nd, mean._nd, var._nd, np.float32(momentum),
+               np.float32(count))
+        core.launch("vector", 2 * channels, 6 * running_mean._nd.nbytes)
+    if stat_dtype != F32:
+        mean, invstd = mean.to(stat_dtype), invstd.to(stat_dtype)
+    return out, mean, invstd
+
+
+@register(aten.native_batch_norm.default)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@register(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training,
+                            momentum, eps):
+    return batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@register(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
+    return batch_norm(input, weight, bias, None, None, training, momentum, eps)
+
+
+@register(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var,
+                                        momentum, eps):
+    return batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+@register(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var,
+                                       training, momentum, eps):
+    running_mean, running_var = running_mean.clone(), running_var.clone()
+    out = batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return (*out, running_mean, running_var)
+
+
+@register(aten._batch_norm_with_update.default)
+def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out = batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)
+    return (*out, T.empty((0,), torch.uint8))
+
+
+@register(aten._batch_norm_no_update.default)
+def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out = batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)
+    return (*out, T.empty((0,), torch.uint8))
+
+
+@register(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+                               save_invstd, train, eps, output_mask):
+    channels = input.shape[1]
+    use_batch_stats = train or running_mean is None or running_var is None
+    if use_batch_stats:
+        mean, stat = f32_vector(save_mean, channels, 0), f32_vector(save_invstd, channels, 1)
+    else:
+        mean, stat = f32_vector(running_mean, channels, 0), f32_vector(running_var, channels, 1)
+    g, x = grad_out.contiguous(), input.contiguous()
+    w = f32_vector(weight, channels, 1.0)
+    gx, gx_stage = staged(x.shape, x.dtype) if output_mask[0] else (None, None)
+    gw, gb = T.empty((channels,), F32), T.empty((channels,), F32)
+    if x.numel():
+        kernel = kernel_for(_build_batch_norm_backward, _code(x.dtype),
+                            _code(gx_stage.dtype if output_mask[0] else x.dtype))
+        kernel(_ncs(g), _ncs(x), w._nd, mean._nd, stat._nd, np.float32(eps), use_batch_stats,
+               _ncs(gx_stage) if output_mask[0] else np.empty((0, 0, 0), x._nd.dtype),
+               gw._nd, gb._nd, output_mask[0])
+        core.launch("vector", x.numel(), 3 * x._nd.nbytes)
+    else:
+        gw._nd[...], gb._nd[...] = 0, 0
+    like = weight if weight is not None else \
+        torch.empty((channels,), dtype=input.dtype, device="meta")
+    return (finish(gx, gx_stage) if output_mask[0] else None,
+            to_param(gw, like) if output_mask[1] else None,
+            to_param(gb, like) if output_mask[2] else None)
+
+
+@register(aten.batch_norm_backward.default)
+def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+                        save_var, update, eps, output_mask, reserve):
+    return native_batch_norm_backward(grad_out, input, weight, running_mean, running_var,
+                                      save_mean, save_var, update, eps, output_mask)

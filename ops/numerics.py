@@ -44,10 +44,10 @@ def bf16_to_f32(bits):
 
 @njit(inline="always")
 def f32_to_bf16(x):
-    """Round to nearest even; NaN becomes the canonical quiet NaN, as torch does."""
+    """Round to nearest even. NaN becomes 0xFFFF, as torch's (vectorised) conversion gives."""
     x = np.float32(x)
     if x != x:
-        return np.uint16(0x7FC0)
+        return np.uint16(0xFFFF)
     u = f32_as_u32(x)
     bias = ((u >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
     return np.uint16((u + bias) >> np.uint32(16))
@@ -58,7 +58,7 @@ def f32_to_bf16_stochastic(x, noise):
     """Stochastic rounding: add 16 random low bits, then truncate. Unbiased in expectation."""
     x = np.float32(x)
     if x != x:
-        return np.uint16(0x7FC0)
+        return np.uint16(0xFFFF)
     u = f32_as_u32(x)
     if (u & np.uint32(0x7F800000)) == np.uint32(0x7F800000):
         return np.uint16(u >> np.uint32(16))  # inf stays inf
@@ -222,6 +222,9 @@ def encode_scalar(value, dtype: torch.dtype):
     if dtype in (torch.bfloat16, torch.float16):
         return np.uint16(t.view(torch.int16).item() & 0xFFFF)
     return t.numpy()[()]
+
+
+SCALAR_CAST = {"f32": np.float32, "bool": bool, "int": np.int64}
 
 
 def scalar_for(value, compute: str):

@@ -1,1 +1,702 @@
-"""(being written)"""
+"""Reductions on the Vector engine: sum, mean, prod, amax/amin, max/min, argmax/argmin,
+var/std (+ _mean), any/all, count_nonzero, logsumexp and vector norms.
+
+Note [Rows]: a reduction sees its input as rows. The reduced dims (in order) form one row;
+the kept dims enumerate rows in the output's order. Kernels read rows straight from storage
+through element offsets, so transposed, sliced and expanded inputs need no copy. Floats
+accumulate in fp32 (integers in int64) and are rounded once into the output dtype.
+"""
+from __future__ import annotations
+
+from types import FunctionType
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import config, core
+from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+JIT = kernelgen.JIT_OPTIONS
+BLOCK = 256  # a row is summed in blocks of this many, then the block sums: small fp32 error
+_NO_STEPS = np.empty(0, np.int64)
+_NO_SCRATCH = {"f32": np.empty(0, np.float32), "int": np.empty(0, np.int64)}
+
+# -- rows (Note [Rows]) -----------------------------------------------------------------
+
+
+class Rows(NamedTuple):
+    starts: np.ndarray  # int64 offset of each row's first element (before storage_offset)
+    steps: np.ndarray  # int64 offset of each element in a row; empty when `stride` is used
+    stride: int  # element stride along a row when the row is one strided run
+    n: int  # row length
+    by_column: bool  # rows are closer together than a row's elements: walk them side by side
+
+
+_rows_cache: dict = {}
+
+
+def _offsets(shape, strides) -> np.ndarray:
+    off = np.zeros(1, np.int64)
+    for n, s in zip(shape, strides):
+        off = (off[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
+    return off
+
+
+def rows(x: torch.Tensor, dims) -> Rows:
+    """How the elements of `x` split into rows when `dims` (sorted, wrapped) are reduced."""
+    key = (tuple(x.shape), x.stride(), dims)
+    r = _rows_cache.get(key)
+    if r is None:
+        shape, stride = x.shape, x.stride()
+        keep = [d for d in range(x.dim()) if d not in dims]
+        oshape, (ostride,) = kernelgen.coalesce([shape[d] for d in keep],
+                                                [[stride[d] for d in keep]])
+        ishape, (istride,) = kernelgen.coalesce([shape[d] for d in dims],
+                                                [[stride[d] for d in dims]])
+        n = T.numel(ishape)
+        starts = _offsets(oshape, ostride)
+        if len(ishape) == 1:
+            by_column = starts.size > 1 and len(oshape) == 1 and 0 < ostride[0] < istride[0]
+            r = Rows(starts, _NO_STEPS, istride[0], n, by_column)
+        else:
+            r = Rows(starts, _offsets(ishape, istride), 0, n, False)
+        if len(_rows_cache) > 4096:
+            _rows_cache.clear()
+        _rows_cache[key] = r
+    return r
+
+
+def flat(x: torch.Tensor) -> np.ndarray:
+    """x's storage as a flat array of stored elements, up to the last one x reaches."""
+    extent = T.storage_extent(x.shape, x.stride(), x.storage_offset())
+    return T.nd_view(x._storage, (extent,), (1,), 0, x.dtype)
+
+
+def launch(kernel, x: torch.Tensor, dims, outs, *params, engine: str = "vector") -> None:
+    """Run a row kernel over `x` into the contiguous outputs `outs`, and account for it."""
+    r = rows(x, dims)
+    arrays = [o._nd.reshape(-1) for o in outs]
+    kernel(flat(x), x.storage_offset(), r.starts, r.steps, r.stride, r.n, *arrays, *params)
+    core.launch(engine, x.numel(), x._nd.nbytes + sum(a.nbytes for a in arrays))
+
+
+# -- dims, dtypes, errors ---------------------------------------------------------------
+
+
+def wrap_dims(x: torch.Tensor, dim, empty_means_all: bool = True) -> tuple:
+    """Wrapped, sorted reduced dims. None (and [] unless told otherwise) mean all dims."""
+    nd = x.dim()
+    if dim is None:
+        return tuple(range(nd))
+    if isinstance(dim, int):
+        dim = (dim,)
+    if len(dim) == 0:
+        return tuple(range(nd)) if empty_means_all else ()
+    bound = max(nd, 1)
+    seen = []
+    for d in dim:
+        if not -bound <= d < bound:
+            raise IndexError(f"Dimension out of range (expected to be in range of "
+                             f"[{-bound}, {bound - 1}], but got {d})")
+        d %= bound
+        if d in seen:
+            raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
+        seen.append(d)
+    return tuple(sorted(seen)) if nd else ()
+
+
+def out_shape(x: torch.Tensor, dims, keepdim: bool) -> list[int]:
+    if keepdim:
+        return [1 if d in dims else n for d, n in enumerate(x.shape)]
+    return [n for d, n in enumerate(x.shape) if d not in dims]
+
+
+def code(dtype: torch.dtype, op) -> str:
+    c = numerics.CODE.get(dtype)
+    if c is None:
+        raise NotImplementedError(f"{op} has no neuron kernel for {dtype}")
+    return c
+
+
+def on_empty(op, x, *args, **kwargs):
+    """An empty input: the result depends on shapes alone; take it (or the error) from the CPU."""
+    result = op(torch.empty(x.shape, dtype=x.dtype), *args, **kwargs)
+    if isinstance(result, torch.Tensor):
+        return T.from_cpu(result)
+    return tuple(T.from_cpu(r) for r in result)
+
+
+def int_to_long(x: torch.Tensor, dtype) -> torch.dtype:
+    """sum/prod/cumsum result dtype: integers and bools widen to int64."""
+    if dtype is not None:
+        return dtype
+    return x.dtype if x.dtype.is_floating_point else torch.int64
+
+
+def _require_float(x, what: str) -> None:
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f"{what} only support floating point and complex dtypes")
+
+
+# -- kernels ----------------------------------------------------------------------------
+# Note [Kernel templates]: kernels are plain module-level functions that call `load`,
+# `store` and `cast`. `specialize` compiles a copy whose globals bind those names to one
+# storage format's converters, wrapped as small ordinary jitted functions: LLVM inlines them,
+# and that compiles several times faster than Numba's IR-level inlining at each call site.
+# Each kernel is one flat function (no jitted helpers of its own), again for compile time.
+# `kernel.py_func` runs the same loop as plain Python, which pdb can step.
+
+
+def load(v):
+    """Placeholder (Note [Kernel templates]): stored element -> compute value."""
+    raise NotImplementedError
+
+
+def store(v):
+    """Placeholder (Note [Kernel templates]): compute value -> stored element."""
+    raise NotImplementedError
+
+
+def cast(v):
+    """Placeholder (Note [Kernel templates]): a number -> the compute type."""
+    raise NotImplementedError
+
+
+_CAST = {"f32": np.float32, "int": np.int64}
+_kernels: dict = {}
+_parts: dict = {}
+
+
+def specialize(fn, **bindings):
+    """A jitted copy of the template `fn` with some of its global names rebound."""
+    namespace = dict(fn.__globals__)
+    namespace.update(bindings)
+    copy = FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__)
+    return njit(**JIT)(copy)
+
+
+def _part(kind: str, *key):
+    """The load/store/cast converters of one format, shared by all kernel families."""
+    part = _parts.get((kind, *key))
+    if part is None:
+        if kind == "load":
+            part = njit(_wrap(numerics.loader(*key)))
+        elif kind == "store":
+            part = njit(_wrap(_noisy(key[0]) if key[1] else numerics.storer(key[0])))
+        else:  # cast
+            part = njit(_wrap(_CAST[key[0]]))
+        _parts[(kind, *key)] = part
+    return part
+
+
+def _wrap(fn):
+    return lambda v: fn(v)
+
+
+def _noisy(out_code: str):
+    rounder = numerics.storer(out_code, True)
+    return njit(inline="always")(lambda v: rounder(v, np.random.randint(0, 4294967296)))
+
+
+def kernel(family: str, in_dtype: torch.dtype, out_dtype: torch.dtype, compute: str, op=None):
+    """The jitted row kernel of `family` for one storage format / output / compute type."""
+    in_code, out_code = code(in_dtype, op or family), code(out_dtype, op or family)
+    stochastic = config.stochastic_rounding and out_code in ("bf16", "f16")
+    key = (family, in_code, out_code, compute, stochastic)
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = specialize(
+            FAMILIES[family], load=_part("load", in_code, compute),
+            store=_part("store", out_code, stochastic), cast=_part("cast", compute))
+        kernelgen.stats["compiled"] += 1
+    return k
+
+
+def sum_kernel(src, base, starts, steps, stride, n, out, mean, divisor, part, total):
+    """Row sums in blocks of BLOCK, joined at the end (fp32 error grows with BLOCK, not n).
+
+    With scratch arrays `part`/`total` (one slot per row), the rows are walked side by side,
+    which reads memory in order when rows are adjacent and a row's elements are far apart
+    (sum over dim 0 of a contiguous matrix, as a bias gradient is).
+    """
+    gathered = steps.size > 0
+    rows_n = starts.size
+    if total.size:
+        for r in range(rows_n):
+            total[r] = cast(0)
+        for b0 in range(0, n, BLOCK):
+            for r in range(rows_n):
+                part[r] = cast(0)
+            for i in range(b0, min(b0 + BLOCK, n)):
+                p = base + i * stride
+                for r in range(rows_n):
+                    part[r] += load(src[p + starts[r]])
+            for r in range(rows_n):
+                total[r] += part[r]
+    for r in range(rows_n):
+        if total.size:
+            acc_total = total[r]
+        else:
+            s0 = base + starts[r]
+            acc_total = cast(0)
+            for b0 in range(0, n, BLOCK):
+                acc = cast(0)
+                for i in range(b0, min(b0 + BLOCK, n)):
+                    acc += load(src[s0 + (steps[i] if gathered else i * stride)])
+                acc_total += acc
+        if mean:
+            out[r] = store(acc_total / divisor)
+        else:
+            out[r] = store(acc_total)
+
+
+def extreme_kernel(src, base, starts, steps, stride, n, vals, idxs, want_max):
+    """max/min with the index of its first occurrence; NaN wins, as on CPU."""
+    gathered = steps.size > 0
+    for r in range(starts.size):
+        s0 = base + starts[r]
+        best = load(src[s0])
+        at = 0
+        if best == best:
+            for i in range(1, n):
+                v = load(src[s0 + (steps[i] if gathered else i * stride)])
+                if v != v:
+                    best, at = v, i
+                    break
+                if (v > best) if want_max else (v < best):
+                    best, at = v, i
+        vals[r] = store(best)
+        idxs[r] = at
+
+
+def var_kernel(src, base, starts, steps, stride, n, var_out, mean_out, dof, take_sqrt):
+    """Two blocked passes in fp32: the mean, then the sum of squared deviations from it."""
+    gathered = steps.size > 0
+    for r in range(starts.size):
+        s0 = base + starts[r]
+        total = cast(0)
+        for b0 in range(0, n, BLOCK):
+            acc = cast(0)
+            for i in range(b0, min(b0 + BLOCK, n)):
+                acc += load(src[s0 + (steps[i] if gathered else i * stride)])
+            total += acc
+        mean = total / cast(n)
+        total = cast(0)
+        for b0 in range(0, n, BLOCK):
+            acc = cast(0)
+            for i in range(b0, min(b0 + BLOCK, n)):
+                d = load(src[s0 + (steps[i] if gathered else i * stride)]) - mean
+                acc += d * d
+            total += acc
+        var = total / dof
+        if take_sqrt:
+            var = np.sqrt(var)
+        var_out[r] = store(var)
+        mean_out[r] = store(mean)
+
+
+def logsumexp_kernel(src, base, starts, steps, stride, n, out):
+    """Shifted by the row max, as torch.logsumexp; an infinite max shifts by 0."""
+    gathered = steps.size > 0
+    for r in range(starts.size):
+        s0 = base + starts[r]
+        m = load(src[s0])
+        for i in range(1, n):
+            v = load(src[s0 + (steps[i] if gathered else i * stride)])
+            if v != v or v > m:
+                m = v
+        if m == np.inf or m == -np.inf:
+            m = cast(0)
+        acc = cast(0)
+        for i in range(n):
+            acc += np.exp(load(src[s0 + (steps[i] if gathered else i * stride)]) - m)
+        out[r] = store(np.log(acc) + m)
+
+
+# fold modes: the reductions that are not hot share one kernel with a mode switch
+PROD, NORM_P, NORM_1, NORM_2, NORM_INF, NORM_NEG_INF = range(6)
+
+
+def fold_kernel(src, base, starts, steps, stride, n, out, mode, p):
+    """One step per element by `mode`; sums are blocked as in sum_kernel."""
+    gathered = steps.size > 0
+    additive = mode == NORM_1 or mode == NORM_2 or mode == NORM_P
+    for r in range(starts.size):
+        s0 = base + starts[r]
+        total = cast(0)
+        acc = cast(1) if mode == PROD else cast(0)
+        if mode == NORM_NEG_INF:
+            acc = cast(np.inf)
+        for i in range(n):
+            v = load(src[s0 + (steps[i] if gathered else i * stride)])
+            if mode == PROD:
+                acc *= v
+            elif mode == NORM_P and p == 0:
+                acc += cast(1) if v != 0 else cast(0)
+            elif mode == NORM_1:
+                acc += abs(v)
+            elif mode == NORM_2:
+                acc += v * v
+            elif mode == NORM_P:
+                acc += cast(np.float32(abs(v)) ** np.float32(p))
+            elif v != v:  # inf norms propagate NaN
+                acc = v
+                break
+            elif mode == NORM_INF:
+                acc = max(acc, abs(v))
+            else:
+                acc = min(acc, abs(v))
+            if additive and (i + 1) % BLOCK == 0:
+                total += acc
+                acc = cast(0)
+        if additive:
+            acc += total
+        if mode == NORM_2:
+            acc = cast(np.sqrt(np.float32(acc)))
+        elif mode == NORM_P and p != 0:
+            acc = cast(np.float32(acc) ** (np.float32(1) / np.float32(p)))
+        out[r] = store(acc)
+
+
+ANY, ALL, COUNT = range(3)
+
+
+@njit(**JIT)
+def truth_kernel(src, base, starts, steps, stride, n, out, mode, mask):
+    """any/all/count_nonzero on raw stored bits, one kernel per element width: a value is
+    true when its bits, less a float's sign bit (`mask`), are not all zero (NaN is true)."""
+    gathered = steps.size > 0
+    for r in range(starts.size):
+        s0 = base + starts[r]
+        hits = 0
+        for i in range(n):
+            if src[s0 + (steps[i] if gathered else i * stride)] & mask:
+                hits += 1
+                if mode == ANY:
+                    break
+            elif mode == ALL:
+                break
+        if mode == COUNT:
+            out[r] = hits
+        elif mode == ANY:
+            out[r] = hits > 0
+        else:
+            out[r] = hits == n
+
+
+FAMILIES = {"sum": sum_kernel, "extreme": extreme_kernel, "var": var_kernel, "fold": fold_kernel,
+            "logsumexp": logsumexp_kernel}
+
+
+# -- sum, mean ----------------------------------------------------------------------------
+
+
+def _sum(op, x, dim, keepdim, dtype, mean=False):
+    dims = wrap_dims(x, dim)
+    if mean:
+        if not (dtype or x.dtype).is_floating_point:
+            which = "Optional dtype" if dtype is not None else "Input dtype"
+            raise RuntimeError(f"mean(): could not infer output dtype. {which} must be either a "
+                               f"floating point or complex dtype. Got: "
+                               f"{T.dtype_name(dtype or x.dtype)}")
+        out_dtype = dtype or x.dtype
+    else:
+        out_dtype = int_to_long(x, dtype)
+    if x.numel() == 0:
+        return on_empty(op, x, *([] if op in _ALL_DIMS else [dim, keepdim]), dtype=dtype)
+    out = T.empty(out_shape(x, dims, keepdim), out_dtype)
+    compute = "f32" if out_dtype.is_floating_point else "int"
+    k = kernel("sum", x.dtype, out_dtype, compute, op)
+    n = x.numel() // max(out.numel(), 1)
+    r = rows(x, dims)
+    scratch = _NO_SCRATCH[compute]
+    if r.by_column:
+        scratch = np.empty(r.starts.size, _CAST[compute])
+    launch(k, x, dims, [out], mean, _CAST[compute](n), scratch, np.empty_like(scratch))
+    return out
+
+
+@register(aten.sum.default)
+def sum_(x, *, dtype=None):
+    return _sum(aten.sum.default, x, None, False, dtype)
+
+
+@register(aten.sum.dim_IntList)
+def sum_dim(x, dim, keepdim=False, *, dtype=None):
+    return _sum(aten.sum.dim_IntList, x, dim, keepdim, dtype)
+
+
+@register(aten.mean.default)
+def mean(x, *, dtype=None):
+    return _sum(aten.mean.default, x, None, False, dtype, mean=True)
+
+
+@register(aten.mean.dim)
+def mean_dim(x, dim, keepdim=False, *, dtype=None):
+    return _sum(aten.mean.dim, x, dim, keepdim, dtype, mean=True)
+
+
+# -- max, min, argmax, argmin -----------------------------------------------------------
+
+
+def extreme(op, x, dims, keepdim, want_max, values=True, indices=True):
+    """(values, indices) of the max or min over `dims`; an empty input errors as on CPU."""
+    out = T.empty(out_shape(x, dims, keepdim), x.dtype) if values else None
+    idx = T.empty(out_shape(x, dims, keepdim), torch.int64) if indices else None
+    compute = "f32" if x.dtype.is_floating_point else "int"
+    k = kernel("extreme", x.dtype, x.dtype, compute, op)
+    n = max(T.numel(out_shape(x, dims, False)), 1)
+    vals = out._nd.reshape(-1) if values else np.empty(n, T.STORAGE_DTYPE[x.dtype])
+    where = idx._nd.reshape(-1) if indices else np.empty(n, np.int64)
+    r = rows(x, dims)
+    k(flat(x), x.storage_offset(), r.starts, r.steps, r.stride, r.n, vals, where, want_max)
+    core.launch("vector", x.numel(), x._nd.nbytes + vals.nbytes + where.nbytes)
+    return out, idx
+
+
+def _amax(op, x, dim, keepdim, want_max):
+    dims = wrap_dims(x, dim)
+    if x.numel() == 0:
+        return on_empty(op, x, dim, keepdim)
+    return extreme(op, x, dims, keepdim, want_max, indices=False)[0]
+
+
+@register(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    return _amax(aten.amax.default, x, dim, keepdim, True)
+
+
+@register(aten.amin.default)
+def amin(x, dim=(), keepdim=False):
+    return _amax(aten.amin.default, x, dim, keepdim, False)
+
+
+@register(aten.max.default)
+def max_(x):
+    if x.numel() == 0:
+        return on_empty(aten.max.default, x)
+    return extreme(aten.max.default, x, wrap_dims(x, None), False, True, indices=False)[0]
+
+
+@register(aten.min.default)
+def min_(x):
+    if x.numel() == 0:
+        return on_empty(aten.min.default, x)
+    return extreme(aten.min.default, x, wrap_dims(x, None), False, False, indices=False)[0]
+
+
+@register(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    dims = wrap_dims(x, dim)
+    if x.numel() == 0:
+        return on_empty(aten.max.dim, x, dim, keepdim)
+    return extreme(aten.max.dim, x, dims, keepdim, True)
+
+
+@register(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    dims = wrap_dims(x, dim)
+    if x.numel() == 0:
+        return on_empty(aten.min.dim, x, dim, keepdim)
+    return extreme(aten.min.dim, x, dims, keepdim, False)
+
+
+def _arg(op, x, dim, keepdim, want_max):
+    if x.dtype == torch.bool:
+        raise RuntimeError(f"{'argmax' if want_max else 'argmin'}(): does not support bool input")
+    dims = wrap_dims(x, dim)
+    if x.numel() == 0:
+        return on_empty(op, x, dim, keepdim)
+    return extreme(op, x, dims, keepdim, want_max, values=False)[1]
+
+
+@register(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    return _arg(aten.argmax.default, x, dim, keepdim, True)
+
+
+@register(aten.argmin.default)
+def argmin(x, dim=None, keepdim=False):
+    return _arg(aten.argmin.default, x, dim, keepdim, False)
+
+
+# -- var, std ---------------------------------------------------------------------------
+
+
+def _var(op, x, dim, correction, keepdim, take_sqrt, with_mean):
+    _require_float(x, "std and var")
+    dims = wrap_dims(x, dim)
+    if x.numel() == 0:
+        return on_empty(op, x, dim, correction=correction, keepdim=keepdim)
+    shape = out_shape(x, dims, keepdim)
+    var, mean = T.empty(shape, x.dtype), T.empty(shape, x.dtype)
+    n = x.numel() // max(var.numel(), 1)
+    correction = 1 if correction is None else correction
+    dof = np.float32(max(0, n - correction))
+    launch(kernel("var", x.dtype, x.dtype, "f32", op), x, dims, [var, mean], dof, take_sqrt)
+    return (var, mean) if with_mean else var
+
+
+@register(aten.var.correction)
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return _var(aten.var.correction, x, dim, correction, keepdim, False, False)
+
+
+@register(aten.std.correction)
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return _var(aten.std.correction, x, dim, correction, keepdim, True, False)
+
+
+@register(aten.var_mean.correction)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _var(aten.var_mean.correction, x, dim, correction, keepdim, False, True)
+
+
+@register(aten.std_mean.correction)
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _var(aten.std_mean.correction, x, dim, correction, keepdim, True, True)
+
+
+# -- folds: prod, any, all, count_nonzero, logsumexp, norms ------------------------------
+
+
+def fold(op, x, dims, keepdim, mode, out_dtype, p=0.0):
+    compute = "f32" if out_dtype.is_floating_point else "int"
+    out = T.empty(out_shape(x, dims, keepdim), out_dtype)
+    launch(kernel("fold", x.dtype, out_dtype, compute, op), x, dims, [out], mode,
+           _CAST[compute](p))
+    return out
+
+
+def _prod(op, x, dim, keepdim, dtype):
+    dims = wrap_dims(x, dim)
+    if x.numel() == 0:
+        return on_empty(op, x, *([] if dim is None else [dim, keepdim]), dtype=dtype)
+    return fold(op, x, dims, keepdim, PROD, int_to_long(x, dtype))
+
+
+@register(aten.prod.default)
+def prod(x, *, dtype=None):
+    return _prod(aten.prod.default, x, None, False, dtype)
+
+
+@register(aten.prod.dim_int)
+def prod_dim(x, dim, keepdim=False, *, dtype=None):
+    return _prod(aten.prod.dim_int, x, dim, keepdim, dtype)
+
+
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def truth(op, x, dims, keepdim, mode, out_dtype):
+    """any/all (bool, or uint8 for uint8 input) or count_nonzero (int64) over `dims`."""
+    code(x.dtype, op)
+    out = T.empty(out_shape(x, dims, keepdim), out_dtype)
+    bits = x.element_size() * 8
+    unsigned = _UNSIGNED[x.element_size()]
+    mask = unsigned((1 << (bits - 1)) - 1 if x.dtype.is_floating_point else (1 << bits) - 1)
+    result = out._nd.reshape(-1)
+    if out_dtype != torch.int64:
+        result = result.view(np.uint8)
+    r = rows(x, dims)
+    truth_kernel(flat(x).view(unsigned), x.storage_offset(), r.starts, r.steps, r.stride, r.n,
+                 result, mode, mask)
+    core.launch("vector", x.numel(), x._nd.nbytes + result.nbytes)
+    return out
+
+
+def _truth(op, x, dim, keepdim, mode):
+    dims = wrap_dims(x, dim, empty_means_all=False)
+    out_dtype = torch.uint8 if x.dtype == torch.uint8 else torch.bool
+    if x.numel() == 0:
+        return on_empty(op, x, *([] if op in _ALL_DIMS else [dim, keepdim]))
+    return truth(op, x, dims, keepdim, mode, out_dtype)
+
+
+@register(aten.any.default)
+def any_(x):
+    return _truth(aten.any.default, x, None, False, ANY)
+
+
+@register(aten.any.dim, aten.any.dims)
+def any_dim(x, dim=None, keepdim=False):
+    op = aten.any.dim if isinstance(dim, int) else aten.any.dims
+    return _truth(op, x, dim, keepdim, ANY)
+
+
+@register(aten.all.default)
+def all_(x):
+    return _truth(aten.all.default, x, None, False, ALL)
+
+
+@register(aten.all.dim, aten.all.dims)
+def all_dim(x, dim=None, keepdim=False):
+    op = aten.all.dim if isinstance(dim, int) else aten.all.dims
+    return _truth(op, x, dim, keepdim, ALL)
+
+
+@register(aten.count_nonzero.dim_IntList, aten.count_nonzero.default)
+def count_nonzero(x, dim=None):
+    op = aten.count_nonzero.dim_IntList if isinstance(dim, (list, tuple)) \
+        else aten.count_nonzero.default
+    dims = wrap_dims(x, dim)
+    if x.numel() == 0:
+        return on_empty(op, x, dim)
+    return truth(op, x, dims, False, COUNT, torch.int64)
+
+
+@register(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    if isinstance(dim, (list, tuple)) and len(dim) == 0 and x.numel() and not keepdim:
+        # CPU reduces all dims, then fails to write the [1, ..] result into a 0-dim output
+        raise RuntimeError(f"output with shape [] doesn't match the broadcast shape "
+                           f"{[1] * x.dim()}")
+    dims = wrap_dims(x, dim)
+    out_dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
+    if x.numel() == 0:
+        return on_empty(aten.logsumexp.default, x, dim, keepdim)
+    out = T.empty(out_shape(x, dims, keepdim), out_dtype)
+    launch(kernel("logsumexp", x.dtype, out_dtype, "f32", aten.logsumexp.default), x, dims, [out])
+    return out
+
+
+def _norm_mode(ord) -> int:
+    ord = float(ord)
+    return {2.0: NORM_2, 1.0: NORM_1, float("inf"): NORM_INF,
+            float("-inf"): NORM_NEG_INF}.get(ord, NORM_P)
+
+
+@register(aten.linalg_vector_norm.default)
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    op = aten.linalg_vector_norm.default
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as "
+                           f"input. Got {T.dtype_name(x.dtype)}")
+    if dtype is not None and (not dtype.is_floating_point
+                              or torch.promote_types(x.dtype, dtype) != dtype):
+        raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({T.dtype_name(x.dtype)}) "
+                           f"should be convertible without narrowing to the specified dtype "
+                           f"({T.dtype_name(dtype)})")
+    dims = wrap_dims(x, dim)
+    if x.numel() == 0:
+        return on_empty(op, x, ord, dim, keepdim, dtype=dtype)
+    return fold(op, x, dims, keepdim, _norm_mode(ord), dtype or x.dtype, float(ord))
+
+
+@register(aten.norm.Scalar, aten.norm.ScalarOpt_dtype)
+def norm(x, p=2, *, dtype=None):
+    return linalg_vector_norm(x, 2 if p is None else p, None, False, dtype=dtype)
+
+
+@register(aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype)
+def norm_dim(x, p, dim, keepdim=False, *, dtype=None):
+    return linalg_vector_norm(x, 2 if p is None else p, dim, keepdim, dtype=dtype)
+
+
+# ops whose CPU form for an empty input takes no dim arguments
+_ALL_DIMS = {aten.sum.default, aten.mean.default, aten.any.default, aten.all.default}

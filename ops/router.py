@@ -8,6 +8,7 @@ plan for each op is decided once and cached.
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections import Counter
 
@@ -23,7 +24,6 @@ from neuron_eager.ops.sourceline import warn_at_user_line
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
 
-executed_ops: Counter[str] = Counter()  # op name -> native runs
 fallback_ops: Counter[str] = Counter()  # op name -> CPU fallback runs
 _warned: set[str] = set()
 
@@ -33,6 +33,9 @@ DEVICE_CHECK_EXEMPT = {
     aten._copy_from_and_resize.default, aten.index.Tensor, aten.index_put_.default,
     aten.index_put.default, aten._index_put_impl_.default, aten.set_.source_Tensor,
     aten.lift_fresh.default,
+    # the `scalars` tensor of these comes from the host, as on CUDA
+    aten._foreach_addcmul.Tensor, aten._foreach_addcmul_.Tensor,
+    aten._foreach_addcdiv.Tensor, aten._foreach_addcdiv_.Tensor,
 }
 # Decompositions that are slower or less faithful than the alternatives.
 _DECOMP_SKIP = {aten._to_copy.default, aten.clone.default}
@@ -61,17 +64,41 @@ def check_devices(args) -> None:
                     _check_foreign(b)
 
 
+# id(OpOverload) -> [kernel, check devices?, native runs]. OpOverload hashes in Python, so the
+# hot path keys by id; overloads are long-lived singletons, and KERNELS holds them alive.
+_entries: dict[int, list] = {}
+
+
 def dispatch(func, args, kwargs):
-    kernel = KERNELS.get(func)
-    if kernel is not None:
-        if func not in DEVICE_CHECK_EXEMPT:
+    entry = _entries.get(id(func))
+    if entry is None:
+        entry = _entry(func)
+    if entry[0] is not None:
+        if entry[1]:
             check_devices(args)
-        executed_ops[func.__name__] += 1
-        return kernel(*args, **kwargs)
+        entry[2] += 1
+        return entry[0](*args, **kwargs)
     plan = _plans.get(func)
     if plan is None:
         plan = _plans[func] = _make_plan(func)
     return plan(func, args, kwargs)
+
+
+def _entry(func) -> list:
+    kernel = KERNELS.get(func)
+    entry = [kernel, func not in DEVICE_CHECK_EXEMPT, 0]
+    if kernel is not None:
+        _entries[id(func)] = entry
+        _entry_ops[id(func)] = func
+    return entry
+
+
+_entry_ops: dict[int, object] = {}
+
+
+def executed_counts() -> dict[str, int]:
+    """Native kernel runs per op name since the last clear."""
+    return {_entry_ops[key].name(): entry[2] for key, entry in _entries.items() if entry[2]}
 
 
 # -- plans ---------------------------------------------------------------------------
@@ -108,32 +135,39 @@ def _functional_of(func):
     return None
 
 
+def _uses_aten_only(decomposition) -> bool:
+    """torch._refs decompositions, and some in torch._decomp, end in prims, which are not
+    device ops (a prim called with a neuron tensor recurses through its meta kernel)."""
+    if not decomposition.__module__.startswith("torch._decomp"):
+        return False
+    try:
+        return "prims." not in inspect.getsource(decomposition)
+    except (OSError, TypeError):
+        return False
+
+
 def _make_plan(func):
     if func.namespace != "aten" and func.namespace != "prims":
-        return _run_fallback
+        return cpu_fallback
     functional = _functional_of(func) if (_is_inplace(func) or _out_args(func)) else None
     if functional is not None and functional in KERNELS:
         return _run_inplace if _is_inplace(func) else _run_out
     if func in decomposition_table and func not in _DECOMP_SKIP and \
-            decomposition_table[func].__module__.startswith("torch._decomp"):
-        return _run_decomposition  # torch._refs decompositions end in prims: not for devices
+            _uses_aten_only(decomposition_table[func]):
+        return _run_decomposition
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
         return _run_implicit
-    return _run_fallback
+    return cpu_fallback
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
-            torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
-            torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-            torch.bool: "Bool"}.get(dtype, str(dtype))
+dtype_name = T.dtype_name
 
 
 def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") -> None:
     """Copy a computed result into an in-place or out= destination, as PyTorch checks it."""
     if not torch.can_cast(result.dtype, dst.dtype):
-        raise RuntimeError(f"result type {_dtype_name(result.dtype)} can't be cast to the desired "
-                           f"output type {_dtype_name(dst.dtype)}")
+        raise RuntimeError(f"result type {dtype_name(result.dtype)} can't be cast to the desired "
+                           f"output type {dtype_name(dst.dtype)}")
     if dst.shape != result.shape:
         if what == "inplace":
             raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the broadcast "
@@ -181,7 +215,7 @@ def _run_decomposition(func, args, kwargs):
 def _run_implicit(func, args, kwargs):
     result = func.decompose(*args, **kwargs)
     if result is NotImplemented:
-        return _run_fallback(func, args, kwargs)
+        return cpu_fallback(func, args, kwargs)
     return result
 
 
@@ -198,7 +232,8 @@ def _describe(args, kwargs) -> str:
     return ", ".join(parts)
 
 
-def _run_fallback(func, args, kwargs):
+def cpu_fallback(func, args, kwargs):
+    """Run `func` on the CPU over aliases of the device memory (warned once, counted)."""
     name = func.name()
     if not config.cpu_fallback:
         raise NotImplementedError(
@@ -248,7 +283,8 @@ def _run_fallback(func, args, kwargs):
 
 
 def clear_op_tracking() -> None:
-    executed_ops.clear()
+    for entry in _entries.values():
+        entry[2] = 0
     fallback_ops.clear()
     _warned.clear()
 

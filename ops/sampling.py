@@ -1,1 +1,478 @@
-"""(being written)"""
+"""Random sampling ops, all drawn from the device generator (ops/random.py, Philox4x32-10).
+
+Element i of a sampling kernel uses counter offset+i, so a result depends only
+on torch.neuron's seed and the sequence of calls; the CPU generator is never
+touched. Values are computed in fp32 and rounded once into the output dtype.
+Factories (rand, randn, randint, normal.float_float) reach these as empty + `op_`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import core
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.random import default_generator, philox, uniform01
+from neuron_eager.ops.registry import register
+from neuron_eager.ops.views import meta_like
+
+aten = torch.ops.aten
+NeuronTensor = T.NeuronTensor
+_JIT = kernelgen.JIT_OPTIONS
+_F32 = np.float32
+_TWO_PI = _F32(6.2831855)
+_NO_P = np.empty(0, np.float32)
+
+
+# -- transforms: two random words (+ two parameters) -> an fp32 value --------------------------
+@njit(inline="always")
+def normal01(w0, w1):
+    """A standard normal (Box-Muller); u1 lies in (0, 1] so the log is finite."""
+    u1 = (_F32(w0 >> np.uint32(8)) + _F32(1)) * _F32(5.9604644775390625e-08)
+    u2 = uniform01(w1)
+    return np.sqrt(_F32(-2) * np.log(u1)) * np.cos(_TWO_PI * u2)
+
+
+_TRANSFORMS = {
+    "uniform": njit(inline="always")(lambda w0, w1, a, b: a + (b - a) * uniform01(w0)),
+    "normal": njit(inline="always")(lambda w0, w1, a, b: a + b * normal01(w0, w1)),
+    "exponential": njit(inline="always")(
+        lambda w0, w1, a, b: -np.log(_F32(1) - uniform01(w0)) / a),
+    "bernoulli": njit(inline="always")(
+        lambda w0, w1, a, b: _F32(1) if uniform01(w0) < a else _F32(0)),
+}
+
+
+def _make_sampler(transform, store, load, upper_open):
+    @njit(**_JIT)
+    def sample(out, key, counter, a, b, p):
+        for i in range(out.shape[0]):
+            w0, w1 = philox(counter + np.uint64(i), key)
+            if p.shape[0]:  # a per-element parameter (bernoulli with a probability tensor)
+                a = p[i]
+            v = store(transform(w0, w1, a, b))
+            if upper_open and load(v) >= b:  # rounding reached `to`: [from, to) stays open
+                v = store(a)
+            out[i] = v
+
+    return sample
+
+
+_samplers: dict = {}
+
+
+def _sampler(name: str, code: str):
+    key = (name, code)
+    fn = _samplers.get(key)
+    if fn is None:
+        load = numerics.loader(code, "f32") if code in numerics.FLOAT_CODES else numerics.identity
+        fn = _samplers[key] = _make_sampler(_TRANSFORMS[name], numerics.storer(code), load,
+                                            name == "uniform" and code in numerics.FLOAT_CODES)
+    return fn
+
+
+def _check_generator(generator):
+    if generator is not None:
+        raise RuntimeError("neuron sampling draws from the device generator (seed it with "
+                           "torch.neuron.manual_seed); torch.Generator objects are not supported")
+
+
+def fill_random(x: NeuronTensor, name: str, a=0.0, b=0.0, p: np.ndarray = _NO_P) -> NeuronTensor:
+    """Fill x with samples of distribution `name`, one Philox counter per element."""
+    n = x.numel()
+    if n == 0:
+        return x
+    target = x if x.is_contiguous() else T.empty(x.shape, x.dtype)
+    key, counter = default_generator.take(n)
+    _sampler(name, numerics.CODE[x.dtype])(target._nd.reshape(-1), key, counter, _F32(a),
+                                           _F32(b), p)
+    core.launch("gpsimd", n, target._nd.nbytes)
+    return x if target is x else E.copy_into(x, target)
+
+
+def _float_only(x, op):
+    if not x.dtype.is_floating_point:
+        raise NotImplementedError(f"\"{op}\" not implemented for '{T.dtype_name(x.dtype)}'")
+
+
+@register(aten.uniform_.default)
+def uniform_(x, from_=0.0, to=1.0, *, generator=None):
+    _check_generator(generator)
+    _float_only(x, "check_uniform_bounds")
+    if from_ > to:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found "
+                           f"from={from_:g} > to={to:g}")
+    return fill_random(x, "uniform", from_, to)
+
+
+@register(aten.normal_.default)
+def normal_(x, mean=0.0, std=1.0, *, generator=None):
+    _check_generator(generator)
+    _float_only(x, "normal_kernel_cpu")
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+    return fill_random(x, "normal", mean, std)
+
+
+@register(aten.exponential_.default)
+def exponential_(x, lambd=1.0, *, generator=None):
+    _check_generator(generator)
+    _float_only(x, "exponential_cpu")
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
+    return fill_random(x, "exponential", lambd)
+
+
+# -- *_like factories (they arrive with a tensor, so through the op table) -------------------
+def _like(x, dtype, memory_format):
+    from neuron_eager.ops.copy import empty_like
+
+    return empty_like(x, dtype=dtype, memory_format=memory_format)
+
+
+@register(aten.rand_like.default, aten.rand_like.generator)
+def rand_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+              memory_format=None):
+    return uniform_(_like(x, dtype, memory_format), generator=generator)
+
+
+@register(aten.randn_like.default, aten.randn_like.generator)
+def randn_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None):
+    return normal_(_like(x, dtype, memory_format), generator=generator)
+
+
+@register(aten.randint_like.default, aten.randint_like.Tensor, aten.randint_like.low_dtype,
+          aten.randint_like.generator, aten.randint_like.Tensor_generator,
+          aten.randint_like.low_generator_dtype)
+def randint_like(x, *bounds, generator=None, dtype=None, layout=None, device=None,
+                 pin_memory=None, memory_format=None):
+    low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
+    high = high.item() if isinstance(high, torch.Tensor) else high
+    return random_from(_like(x, dtype, memory_format), low, high, generator=generator)
+
+
+# -- normal with tensor mean / std ------------------------------------------------------------
+_AFFINE = E.Elementwise("normal_affine", njit(lambda z, m, s: m + s * z))
+
+
+def _normal(op, mean, std, generator):
+    _check_generator(generator)
+    metas = [meta_like(v) if isinstance(v, torch.Tensor) else v for v in (mean, std)]
+    meta = op(*metas)
+    if isinstance(std, torch.Tensor):
+        if T.cpu_alias(std).lt(0).any():  # the host reads the check, as the CPU does
+            raise RuntimeError("normal expects all elements of std >= 0.0")
+    elif std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+    z = fill_random(T.empty(meta.shape, torch.float32), "normal", 0.0, 1.0)
+    return E.run(_AFFINE, [z, mean, std], out=T.empty(meta.shape, meta.dtype))
+
+
+@register(aten.normal.Tensor_float)
+def normal_tensor_float(mean, std=1.0, *, generator=None):
+    return _normal(aten.normal.Tensor_float, mean, std, generator)
+
+
+@register(aten.normal.float_Tensor)
+def normal_float_tensor(mean, std, *, generator=None):
+    return _normal(aten.normal.float_Tensor, mean, std, generator)
+
+
+@register(aten.normal.Tensor_Tensor)
+def normal_tensor_tensor(mean, std, *, generator=None):
+    return _normal(aten.normal.Tensor_Tensor, mean, std, generator)
+
+
+# -- bernoulli, dropout ---------------------------------------------------------------------
+@register(aten.bernoulli_.float)
+def bernoulli_float_(x, p=0.5, *, generator=None):
+    _check_generator(generator)
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
+    return fill_random(x, "bernoulli", p)
+
+
+def _probabilities(p: torch.Tensor, shape) -> np.ndarray:
+    """p broadcast to `shape`, as contiguous fp32 values, after the CPU's range check."""
+    if not isinstance(p, NeuronTensor):
+        p = T.from_cpu(p)
+    values = E.copy_into(T.empty(shape, torch.float32), p)._nd.reshape(-1)
+    if values.size and not (values.min() >= 0 and values.max() <= 1):
+        raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could "
+                           "this error message be improved?  If so, please report an "
+                           "enhancement request to PyTorch.)")
+    return values
+
+
+@register(aten.bernoulli_.Tensor)
+def bernoulli_tensor_(x, p, *, generator=None):
+    _check_generator(generator)
+    return fill_random(x, "bernoulli", p=_probabilities(p, x.shape))
+
+
+@register(aten.bernoulli.default)
+def bernoulli(x, *, generator=None):
+    _check_generator(generator)
+    return fill_random(T.empty(x.shape, x.dtype), "bernoulli", p=_probabilities(x, x.shape))
+
+
+@register(aten.bernoulli.Tensor)
+def bernoulli_tensor(x, p, *, generator=None):
+    return bernoulli_tensor_(T.empty(x.shape, x.dtype), p, generator=generator)
+
+
+@register(aten.bernoulli.p)
+def bernoulli_p(x, p, *, generator=None):
+    return bernoulli_float_(T.empty(x.shape, x.dtype), p, generator=generator)
+
+
+def _make_dropout(load, store):
+    @njit(**_JIT)
+    def dropout(out, mask, x, key, counter, p, scale):
+        for i in range(x.shape[0]):
+            w0, _ = philox(counter + np.uint64(i), key)
+            keep = uniform01(w0) >= p
+            mask[i] = keep
+            out[i] = store(load(x[i]) * scale if keep else _F32(0))
+
+    return dropout
+
+
+_dropouts: dict = {}
+
+
+@register(aten.native_dropout.default)
+def native_dropout(x, p, train):
+    if train is False:
+        return E.copy_into(T.empty(x.shape, x.dtype), x), \
+            E.copy_into(T.empty(x.shape, torch.bool), T.from_cpu(torch.tensor(True)))
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
+    code = numerics.CODE[x.dtype]
+    kernel = _dropouts.get(code)
+    if kernel is None:
+        kernel = _dropouts[code] = _make_dropout(numerics.loader(code, "f32"),
+                                                 numerics.storer(code))
+    src = x.contiguous()
+    out, mask = T.empty(x.shape, x.dtype), T.empty(x.shape, torch.bool)
+    if x.numel():
+        key, counter = default_generator.take(x.numel())
+        scale = _F32(0) if p == 1 else _F32(1.0 / (1.0 - p))
+        kernel(out._nd.reshape(-1), mask._nd.reshape(-1), src._nd.reshape(-1), key, counter,
+               _F32(p), scale)
+        core.launch("gpsimd", x.numel(), 2 * out._nd.nbytes + mask._nd.nbytes)
+    return out, mask
+
+
+_DROPOUT_BACKWARD = E.Elementwise("dropout_backward", njit(lambda g, m, s: g * m * s), nparams=1)
+
+
+@register(aten.native_dropout_backward.default)
+def native_dropout_backward(grad, mask, scale):
+    return E.run(_DROPOUT_BACKWARD, [grad, mask], [scale],
+                 out=T.empty(E.broadcast_shape([grad.shape, mask.shape]), grad.dtype))
+
+
+# -- integers: random_, randperm, multinomial -----------------------------------------------
+@njit(inline="always")
+def _word64(w0, w1):
+    return (np.uint64(w1) << np.uint64(32)) | np.uint64(w0)
+
+
+def _make_random(store):
+    @njit(**_JIT)
+    def random(out, key, counter, start, span):
+        """start + (random % span); 32-bit draws when the span fits (as the CPU), 0 = 2**64."""
+        for i in range(out.shape[0]):
+            w0, w1 = philox(counter + np.uint64(i), key)
+            if span == np.uint64(0):
+                v = np.int64(_word64(w0, w1))
+            elif span <= np.uint64(0xFFFFFFFF):
+                v = start + np.int64(np.uint64(w0) % span)
+            else:
+                v = start + np.int64(_word64(w0, w1) % span)
+            out[i] = store(v)
+
+    return random
+
+
+def _random_store(code: str):
+    if code == "f64":
+        return njit(inline="always")(lambda v: np.float64(v))
+    if code in numerics.FLOAT_CODES:
+        store = numerics.storer(code)
+        return njit(inline="always")(lambda v: store(np.float32(v)))
+    if code == "i64":
+        return njit(inline="always")(lambda v: v)
+    return numerics.storer(code)
+
+
+_randoms: dict = {}
+
+
+def _upper(dtype: torch.dtype) -> int:
+    """The largest value random_ draws by default (inclusive), as the CPU."""
+    if dtype == torch.bool:
+        return 1
+    if dtype.is_floating_point:
+        return 1 << {torch.float32: 24, torch.float64: 53, torch.bfloat16: 8,
+                     torch.float16: 11}[dtype]
+    return torch.iinfo(dtype).max
+
+
+def _fill_integers(x, start: int, span: int):
+    code = numerics.CODE[x.dtype]
+    kernel = _randoms.get(code)
+    if kernel is None:
+        kernel = _randoms[code] = _make_random(_random_store(code))
+    n = x.numel()
+    if n:
+        target = x if x.is_contiguous() else T.empty(x.shape, x.dtype)
+        key, counter = default_generator.take(n)
+        kernel(target._nd.reshape(-1), key, counter, np.int64(start),
+               np.uint64(span & 0xFFFFFFFFFFFFFFFF))
+        core.launch("gpsimd", n, target._nd.nbytes)
+        if target is not x:
+            E.copy_into(x, target)
+    return x
+
+
+@register(aten.random_.default)
+def random_(x, *, generator=None):
+    _check_generator(generator)
+    return _fill_integers(x, 0, _upper(x.dtype) + 1)
+
+
+@register(getattr(aten.random_, "from"))  # `from` is a Python keyword
+def random_from(x, from_, to=None, *, generator=None):
+    _check_generator(generator)
+    to = _upper(x.dtype) + 1 if to is None else to
+    if from_ >= to:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
+                           f"from={from_} >= to={to}")
+    return _fill_integers(x, from_, to - from_)
+
+
+@register(aten.random_.to)
+def random_to(x, to, *, generator=None):
+    return random_from(x, 0, to, generator=generator)
+
+
+@njit(**_JIT)
+def _randperm(out, key, counter):
+    """Fisher-Yates on the GpSimd engine: swap i with a uniform j <= i, from the top down."""
+    n = out.shape[0]
+    for i in range(n):
+        out[i] = i
+    for i in range(n - 1, 0, -1):
+        w0, w1 = philox(counter + np.uint64(i), key)
+        j = np.int64(_word64(w0, w1) % np.uint64(i + 1))
+        out[i], out[j] = out[j], out[i]
+
+
+def randperm_into(out: NeuronTensor, n: int) -> NeuronTensor:
+    if n < 0:
+        raise RuntimeError(f"n must be non-negative, got{n}")
+    perm = T.empty((n,), torch.int64)
+    if n:
+        key, counter = default_generator.take(n)
+        _randperm(perm._nd, key, counter)
+        core.launch("gpsimd", n, 2 * perm._nd.nbytes)
+    if tuple(out.shape) != (n,):
+        from neuron_eager.ops.views import resize_
+
+        resize_(out, (n,))
+    return E.copy_into(out, perm) if n else out
+
+
+@register(aten.randperm.generator_out)
+def randperm_generator_out(n, *, generator=None, out):
+    _check_generator(generator)
+    return randperm_into(out, n)
+
+
+@register(aten.randperm.out)
+def randperm_out(n, *, out):
+    return randperm_into(out, n)
+
+
+def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_generator(generator)
+    return randperm_into(T.empty((n,), dtype or torch.int64), n)
+
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("randperm", randperm, "PrivateUse1")
+_lib.impl("randperm.generator", randperm, "PrivateUse1")
+
+
+@njit(**_JIT)
+def _multinomial_replace(out, probs, key, counter):
+    """Inverse-CDF sampling per row: a binary search of u * total in the running sums."""
+    rows, k = probs.shape
+    n = out.shape[1]
+    cdf = np.empty(k, np.float32)
+    for r in range(rows):
+        total = _F32(0)
+        for c in range(k):
+            total += probs[r, c]
+            cdf[c] = total
+        for s in range(n):
+            w0, _ = philox(counter + np.uint64(r * n + s), key)
+            u = uniform01(w0) * total
+            lo, hi = 0, k - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if cdf[mid] > u:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            while probs[r, lo] == 0 and lo > 0:  # u rounded up to the total
+                lo -= 1
+            out[r, s] = lo
+
+
+@njit(**_JIT)
+def _multinomial_once(out, probs, key, counter):
+    """Without replacement: the n smallest E/p with E ~ Exp(1) (an exponential race)."""
+    rows, k = probs.shape
+    n = out.shape[1]
+    keys = np.empty(k, np.float32)
+    for r in range(rows):
+        for c in range(k):
+            w0, _ = philox(counter + np.uint64(r * k + c), key)
+            e = -np.log(_F32(1) - uniform01(w0))
+            keys[c] = e / probs[r, c] if probs[r, c] > 0 else np.inf
+        order = np.argsort(keys, kind="mergesort")
+        for s in range(n):
+            out[r, s] = order[s]
+
+
+@register(aten.multinomial.default)
+def multinomial(probs, num_samples, replacement=False, *, generator=None):
+    _check_generator(generator)
+    if probs.dim() not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    _float_only(probs, "multinomial")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    k = probs.shape[-1]
+    if not replacement and num_samples > k:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
+                           "replacement")
+    rows = probs.shape[0] if probs.dim() == 2 else 1
+    p = E.copy_into(T.empty((rows, k), torch.float32), probs.reshape(rows, k))
+    host = T.cpu_alias(p)  # validation reads, as the CPU kernel checks before sampling
+    if not torch.isfinite(host).all() or (host < 0).any():
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if (host.sum(1) <= 0).any():
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    out = T.empty((rows, num_samples), torch.int64)
+    key, counter = default_generator.take(rows * (num_samples if replacement else k))
+    (_multinomial_replace if replacement else _multinomial_once)(out._nd, p._nd, key, counter)
+    core.launch("gpsimd", rows * max(k, num_samples), p._nd.nbytes + out._nd.nbytes)
+    return out if probs.dim() == 2 else out.reshape(num_samples)

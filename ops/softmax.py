@@ -1,1 +1,262 @@
-"""(being written)"""
+"""Softmax and log-softmax over any dim, forward and backward (hot: attention, cross-entropy).
+
+A tensor is seen as rows of (outer, n, inner) with strides, so transposed, sliced and
+expanded inputs need no copy when their outer and inner dims each merge into one. The row max
+and sum are fp32 and each output is rounded once. Each op is one launch: Scalar engine where
+it exponentiates, Vector engine for softmax's backward.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import core
+from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.activation import exp_f32, log_f32
+from neuron_eager.ops.tensor import dtype_name as _dtype_label
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+NeuronTensor = T.NeuronTensor
+_NEG_INF = np.float32(-np.inf)
+_0 = np.float32(0)
+_kernels: dict = {}
+
+# Kernel modes. "safe" is softmax whose fully masked rows (max = -inf) give zeros.
+SOFTMAX, LOG_SOFTMAX, SAFE_SOFTMAX = "softmax", "log_softmax", "safe_softmax"
+
+
+# Note [Softmax kernels]: each layout has its own kernel, compiled on first use, and each
+# calls load/store at as few sites as possible: they inline, and every site adds compile time.
+def _forward_lastdim(mode: str, load, store):
+    log, safe = mode == LOG_SOFTMAX, mode == SAFE_SOFTMAX
+
+    def kernel(out, x, so, sn, outer, n):
+        # Rows along the last (merged) dim. out: contiguous, flat; x: flat from the first element.
+        row = np.empty(n, np.float32)  # x, then x - max (log) or exp(x - max)
+        for o in range(outer):
+            m = _NEG_INF
+            for j in range(n):
+                v = load(x[o * so + j * sn])
+                row[j] = v
+                if v > m or v != v:  # NaN sticks: v > NaN is false
+                    m = v
+            total = _0
+            for j in range(n):
+                v = row[j] - m
+                e = exp_f32(v)
+                total += e
+                row[j] = v if log else e
+            if log:
+                total = log_f32(total)
+            masked = safe and m == _NEG_INF
+            for j in range(n):
+                if log:
+                    v = row[j] - total
+                else:
+                    v = _0 if masked else row[j] / total
+                out[o * n + j] = store(v)
+
+    return njit(**kernelgen.JIT_OPTIONS)(kernel)
+
+
+def _forward_inner(mode: str, load, store):
+    log, safe = mode == LOG_SOFTMAX, mode == SAFE_SOFTMAX
+
+    def kernel(out, x, so, sn, si, outer, n, inner):
+        # Rows along a dim with `inner` > 1 elements after it: statistics per inner position.
+        row = np.empty(n * inner, np.float32)
+        mx = np.empty(inner, np.float32)
+        total = np.empty(inner, np.float32)
+        for o in range(outer):
+            mx[:] = _NEG_INF
+            total[:] = _0
+            for j in range(n):
+                for i in range(inner):
+                    v = load(x[o * so + j * sn + i * si])
+                    row[j * inner + i] = v
+                    if v > mx[i] or v != v:
+                        mx[i] = v
+            for j in range(n):
+                for i in range(inner):
+                    v = row[j * inner + i] - mx[i]
+                    e = exp_f32(v)
+                    total[i] += e
+                    row[j * inner + i] = v if log else e
+            if log:
+                for i in range(inner):
+                    total[i] = log_f32(total[i])
+            for j in range(n):
+                for i in range(inner):
+                    r = row[j * inner + i]
+                    if log:
+                        v = r - total[i]
+                    else:
+                        v = _0 if safe and mx[i] == _NEG_INF else r / total[i]
+                    out[(o * n + j) * inner + i] = store(v)
+
+    return njit(**kernelgen.JIT_OPTIONS)(kernel)
+
+
+def _backward_lastdim(log: bool, load_g, load_y, store):
+    def kernel(out, g, y, g0, g1, y0, y1, outer, n):
+        # softmax: y * (g - sum(g * y)); log_softmax: g - exp(y) * sum(g)
+        for o in range(outer):
+            total = _0
+            for j in range(n):
+                gv = load_g(g[o * g0 + j * g1])
+                total += gv if log else gv * load_y(y[o * y0 + j * y1])
+            for j in range(n):
+                gv, yv = load_g(g[o * g0 + j * g1]), load_y(y[o * y0 + j * y1])
+                out[o * n + j] = store(gv - exp_f32(yv) * total if log else yv * (gv - total))
+
+    return njit(**kernelgen.JIT_OPTIONS)(kernel)
+
+
+def _backward_inner(log: bool, load_g, load_y, store):
+    def kernel(out, g, y, g0, g1, g2, y0, y1, y2, outer, n, inner):
+        total = np.empty(inner, np.float32)
+        for o in range(outer):
+            total[:] = _0
+            for j in range(n):
+                gb, yb = o * g0 + j * g1, o * y0 + j * y1
+                for i in range(inner):
+                    gv = load_g(g[gb + i * g2])
+                    total[i] += gv if log else gv * load_y(y[yb + i * y2])
+            for j in range(n):
+                gb, yb, base = o * g0 + j * g1, o * y0 + j * y1, (o * n + j) * inner
+                for i in range(inner):
+                    gv, yv = load_g(g[gb + i * g2]), load_y(y[yb + i * y2])
+                    t = total[i]
+                    out[base + i] = store(gv - exp_f32(yv) * t if log else yv * (gv - t))
+
+    return njit(**kernelgen.JIT_OPTIONS)(kernel)
+
+
+def _kernel(key, make):
+    kernel = _kernels.get(key)
+    if kernel is None:
+        kernel = _kernels[key] = make()
+        kernelgen.stats["compiled"] += 1
+    else:
+        kernelgen.stats["hits"] += 1
+    return kernel
+
+
+# -- layout ------------------------------------------------------------------------------
+def wrap_dim(dim: int, ndim: int) -> int:
+    """`dim` as a non-negative index, with PyTorch's error when out of range."""
+    lo, hi = -max(ndim, 1), max(ndim, 1) - 1
+    if not lo <= dim <= hi:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], "
+                         f"but got {dim})")
+    return dim % max(ndim, 1)
+
+
+def _merge(shape, stride):
+    """(size, stride) of dims that merge into one, or None."""
+    sizes, (strides,) = kernelgen.coalesce(list(shape), [list(stride)])
+    return (sizes[0], strides[0]) if len(sizes) == 1 else None
+
+
+def _rows(t: NeuronTensor, dim: int):
+    """(flat array from the first element, (outer, n, inner) strides, sizes), copying if needed."""
+    if t.dim() == 0:
+        return t._nd.reshape(1), (0, 0, 0), (1, 1, 1)
+    shape, stride = t.shape, t.stride()
+    if t.is_contiguous():
+        n, inner = shape[dim], T.numel(shape[dim + 1:])
+        return t._nd.reshape(-1), (n * inner, inner, 1), (T.numel(shape[:dim]), n, inner)
+    outer, inner = _merge(shape[:dim], stride[:dim]), _merge(shape[dim + 1:], stride[dim + 1:])
+    if outer is None or inner is None:
+        return _rows(t.contiguous(), dim)
+    nd = t._nd
+    extent = T.storage_extent(shape, stride, 0)
+    flat = np.ndarray((extent,), nd.dtype, t._storage.buffer, t.storage_offset() * nd.itemsize)
+    return flat, (outer[1], stride[dim], inner[1]), (outer[0], shape[dim], inner[0])
+
+
+def _out_dtype(x: NeuronTensor, half_to_float: bool) -> torch.dtype:
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f"\"softmax\" not implemented for '{_dtype_label(x.dtype)}'")
+    if half_to_float:
+        if x.dtype not in (torch.float16, torch.bfloat16):
+            raise RuntimeError("conversion is supported for Half type only")
+        return torch.float32
+    return x.dtype
+
+
+def _forward(mode: str, x: NeuronTensor, dim: int, out_dtype: torch.dtype) -> NeuronTensor:
+    dim = wrap_dim(dim, x.dim())
+    out = T.empty(x.shape, out_dtype)
+    if out.numel() == 0:
+        return out
+    flat, (so, sn, si), (outer, n, inner) = _rows(x, dim)
+    make = _forward_lastdim if inner == 1 else _forward_inner
+    codes = (numerics.CODE[x.dtype], numerics.CODE[out_dtype])
+    kernel = _kernel((make, mode) + codes, lambda: make(
+        mode, numerics.loader(codes[0], "f32"), numerics.storer(codes[1])))
+    out_flat = out._nd.reshape(-1)
+    if inner == 1:
+        kernel(out_flat, flat, so, sn, outer, n)
+    else:
+        kernel(out_flat, flat, so, sn, si, outer, n, inner)
+    core.launch("scalar", out.numel(), x._nd.nbytes + out_flat.nbytes)
+    return out
+
+
+def _backward(log: bool, grad: NeuronTensor, output: NeuronTensor, dim: int,
+              input_dtype: torch.dtype) -> NeuronTensor:
+    if grad.shape != output.shape:
+        raise RuntimeError(f"grad_output shape {list(grad.shape)} does not match output shape "
+                           f"{list(output.shape)}")
+    dim = wrap_dim(dim, grad.dim())
+    out = T.empty(grad.shape, input_dtype)
+    if out.numel() == 0:
+        return out
+    g, gs, sizes = _rows(grad, dim)
+    y, ys, _ = _rows(output, dim)
+    make = _backward_lastdim if sizes[2] == 1 else _backward_inner
+    codes = (numerics.CODE[grad.dtype], numerics.CODE[output.dtype], numerics.CODE[input_dtype])
+    kernel = _kernel((make, log) + codes, lambda: make(
+        log, numerics.loader(codes[0], "f32"), numerics.loader(codes[1], "f32"),
+        numerics.storer(codes[2])))
+    out_flat = out._nd.reshape(-1)
+    if sizes[2] == 1:
+        kernel(out_flat, g, y, gs[0], gs[1], ys[0], ys[1], sizes[0], sizes[1])
+    else:
+        kernel(out_flat, g, y, *gs, *ys, *sizes)
+    core.launch("scalar" if log else "vector", out.numel(),
+                grad._nd.nbytes + output._nd.nbytes + out_flat.nbytes)
+    return out
+
+
+# -- ops ---------------------------------------------------------------------------------
+@register(aten._softmax.default)
+def _softmax(x, dim, half_to_float):
+    return _forward(SOFTMAX, x, dim, _out_dtype(x, half_to_float))
+
+
+@register(aten._log_softmax.default)
+def _log_softmax(x, dim, half_to_float):
+    return _forward(LOG_SOFTMAX, x, dim, _out_dtype(x, half_to_float))
+
+
+@register(aten._safe_softmax.default)
+def _safe_softmax(x, dim, dtype=None):
+    # Used by scaled_dot_product_attention: a row masked entirely to -inf gives zeros, not NaN.
+    if dtype is not None and dtype != x.dtype:
+        x = x.to(dtype)
+    return _forward(SAFE_SOFTMAX, x, dim, _out_dtype(x, False))
+
+
+@register(aten._softmax_backward_data.default)
+def _softmax_backward_data(grad_output, output, dim, input_dtype):
+    return _backward(False, grad_output, output, dim, input_dtype)
+
+
+@register(aten._log_softmax_backward_data.default)
+def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
+    return _backward(True, grad_output, output, dim, input_dtype)

@@ -8,6 +8,9 @@ the kernel dtype (16-bit floats as uint16 bit patterns), which kernels use.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+from math import prod
+
 import numpy as np
 import torch
 
@@ -34,10 +37,21 @@ STORAGE_DTYPE = {
     torch.uint64: np.dtype(np.uint64),
 }
 _EMPTY = np.empty(0, dtype=np.uint8)
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 class NeuronOutOfMemoryError(torch.OutOfMemoryError):
     """Raised when the simulated HBM cannot hold an allocation."""
+
+
+_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+                torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+                torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """PyTorch's own name for a dtype in error messages ('Float', 'Long', ...)."""
+    return _DTYPE_NAMES.get(dtype, str(dtype))
 
 
 def check_dtype(dtype: torch.dtype) -> None:
@@ -117,9 +131,21 @@ class NeuronTensor(torch.Tensor):
         return tensor_repr(self)
 
     def __reduce_ex__(self, protocol):
-        # torch.save, pickle and deepcopy: the data travels as a CPU tensor.
-        return (_rebuild, (to_cpu(self.detach()), self.requires_grad,
-                           getattr(self, "_is_param", False)))
+        # torch.save and pickle: the data travels as a CPU tensor, through rebuild functions
+        # that torch.load(weights_only=True) accepts; loading moves it back to neuron.
+        if getattr(self, "_is_param", False):
+            return (torch._utils._rebuild_parameter,
+                    (self.detach(), self.requires_grad, OrderedDict()))
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (to_cpu(self.detach()), self.dtype, str(self.device), self.requires_grad))
+
+    def tolist(self):
+        return to_cpu(self).tolist()
+
+    def __format__(self, format_spec):
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
 
     def __deepcopy__(self, memo):
         if id(self) in memo:
@@ -145,13 +171,6 @@ class NeuronTensor(torch.Tensor):
         return self.numpy()
 
 
-def _rebuild(cpu: torch.Tensor, requires_grad: bool, is_param: bool):
-    t = from_cpu(cpu)
-    if is_param:
-        return torch.nn.Parameter(t, requires_grad=requires_grad)
-    return t.requires_grad_(requires_grad) if requires_grad else t
-
-
 def _dispatch_not_ready(func, args, kwargs):
     raise RuntimeError("neuron_eager.ops.router has not been imported")
 
@@ -168,6 +187,8 @@ def set_dispatcher(fn) -> None:
 def nd_view(storage: NeuronStorage, shape, stride, offset: int, dtype: torch.dtype) -> np.ndarray:
     npdtype = STORAGE_DTYPE[dtype]
     size = npdtype.itemsize
+    if 0 in shape:  # an empty view may point past its storage's (possibly zero) bytes
+        return np.empty(shape, npdtype)
     return np.ndarray(shape, npdtype, storage.buffer, offset * size, [s * size for s in stride])
 
 
@@ -184,9 +205,19 @@ def empty(shape, dtype: torch.dtype, stride=None) -> NeuronTensor:
     shape = tuple(shape)
     check_dtype(dtype)
     if stride is None:
-        stride = contiguous_strides(shape)
+        return new_contiguous(shape, dtype)
     nbytes = storage_extent(shape, stride, 0) * STORAGE_DTYPE[dtype].itemsize
     return make(NeuronStorage(nbytes), shape, tuple(stride), 0, dtype)
+
+
+def new_contiguous(shape: tuple, dtype: torch.dtype) -> NeuronTensor:
+    """The hot path of `empty`: a contiguous tensor of a supported dtype (not checked)."""
+    npdtype = STORAGE_DTYPE[dtype]
+    storage = NeuronStorage(prod(shape) * npdtype.itemsize)
+    t = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=DEVICE)
+    t._storage = storage
+    t._nd = np.ndarray(shape, npdtype, storage.buffer)
+    return t
 
 
 def refresh(t: NeuronTensor) -> None:

@@ -153,3 +153,29 @@ def set_empty(x):
     _compat.set_metadata(x, (0,), (1,), 0)
     T.refresh(x)
     return x
+
+
+def _make_scatter(view_op):
+    """x.select_scatter(src, ...) etc.: a copy of x with src written into the view."""
+    view = make_view(view_op)
+
+    def scatter(x, src, *args, **kwargs):
+        from neuron_eager.ops.copy import clone
+        from neuron_eager.ops.elementwise import copy_into
+
+        out = clone(x, memory_format=torch.contiguous_format)
+        target = view(out, *args, **kwargs)
+        if tuple(target.shape) != tuple(src.shape):
+            raise RuntimeError(f"expected src to have a size equal to the slice of self. src "
+                               f"size = {list(src.shape)}, slice size = {list(target.shape)}")
+        copy_into(target, src)
+        return out
+
+    return scatter
+
+
+for _scatter, _view in [(aten.select_scatter.default, aten.select.int),
+                        (aten.slice_scatter.default, aten.slice.Tensor),
+                        (aten.diagonal_scatter.default, aten.diagonal.default),
+                        (aten.as_strided_scatter.default, aten.as_strided.default)]:
+    register(_scatter)(_make_scatter(_view))

@@ -1,0 +1,254 @@
+"""Mask-driven ops: masked_fill / masked_select / masked_scatter, nonzero, tril / triu.
+
+Part of the indexing family (imported by ops/indexing.py). Selections whose size
+depends on the data (masked_select, nonzero) first count on the device and read
+the count back, as the real runtime must; then one GpSimd kernel compacts.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import core
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import indexing as I
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+_JIT = I._JIT
+
+
+# -- kernels -------------------------------------------------------------------------------
+@njit(**_JIT)
+def _nonzero(out, x, shape, strides, keep):
+    """Row-major coordinates of elements with (bits & keep) != 0; returns how many.
+
+    With `out` of 0 rows it only counts.
+    """
+    nd = shape.shape[0]
+    coord = np.zeros(nd, np.int64)
+    total = 1
+    for d in range(nd):
+        total *= shape[d]
+    c = 0
+    off = 0
+    for _ in range(total):
+        if x[off] & keep:
+            if c < out.shape[0]:
+                for d in range(nd):
+                    out[c, d] = coord[d]
+            c += 1
+        d = nd - 1
+        while d >= 0:
+            coord[d] += 1
+            off += strides[d]
+            if coord[d] < shape[d]:
+                break
+            off -= strides[d] * shape[d]
+            coord[d] = 0
+            d -= 1
+    return c
+
+
+@njit(**_JIT)
+def _compact(out, src, mask, shape, sstr, mstr):
+    """out[c++] = src[i] for each i (row-major) where mask[i]."""
+    d0, d1, d2, d3 = shape
+    c = 0
+    for i0 in range(d0):
+        for i1 in range(d1):
+            for i2 in range(d2):
+                s = i0 * sstr[0] + i1 * sstr[1] + i2 * sstr[2]
+                m = i0 * mstr[0] + i1 * mstr[1] + i2 * mstr[2]
+                for i3 in range(d3):
+                    if mask[m + i3 * mstr[3]]:
+                        out[c] = src[s + i3 * sstr[3]]
+                        c += 1
+
+
+@njit(**_JIT)
+def _expand(out, src, mask, shape, ostr, mstr):
+    """out[i] = src[c++] for each i (row-major) where mask[i]."""
+    d0, d1, d2, d3 = shape
+    c = 0
+    for i0 in range(d0):
+        for i1 in range(d1):
+            for i2 in range(d2):
+                o = i0 * ostr[0] + i1 * ostr[1] + i2 * ostr[2]
+                m = i0 * mstr[0] + i1 * mstr[1] + i2 * mstr[2]
+                for i3 in range(d3):
+                    if mask[m + i3 * mstr[3]]:
+                        out[o + i3 * ostr[3]] = src[c]
+                        c += 1
+
+
+@njit(**_JIT)
+def _triangle(out, x, nb, rows, cols, xs0, xs1, xs2, diagonal, lower, zero):
+    p = 0
+    for b in range(nb):
+        for r in range(rows):
+            for c in range(cols):
+                keep = (c - r <= diagonal) if lower else (c - r >= diagonal)
+                out[p] = x[b * xs0 + r * xs1 + c * xs2] if keep else zero
+                p += 1
+
+
+# -- nonzero -------------------------------------------------------------------------------
+def _keep_bits(x) -> np.generic:
+    """Bits that make an element nonzero: all but the sign bit for floats (-0.0 is zero)."""
+    raw = I._RAW[x.element_size()]
+    bits = 8 * x.element_size()
+    keep = (1 << bits) - 1
+    if x.dtype.is_floating_point:
+        keep ^= 1 << (bits - 1)
+    return raw(keep)
+
+
+def count_nonzero(x: T.NeuronTensor) -> int:
+    shape = np.array(x.shape, np.int64)
+    strides = np.array(x.stride(), np.int64)
+    n = _nonzero(np.empty((0, x.dim()), np.int64), I.flat(x), shape, strides, _keep_bits(x))
+    core.launch("gpsimd", x.numel(), x._nd.nbytes)
+    return int(n)
+
+
+@register(aten.nonzero.default)
+def nonzero(x):
+    n = count_nonzero(x) if x.numel() else 0  # the host read: the size depends on the data
+    if n == 0:
+        # Storage for one row, so that views of the empty result (where() unbinds it) can
+        # carry offsets: tensor.nd_view refuses offsets past a zero-byte storage.
+        return T.make(T.NeuronStorage(8 * max(x.dim(), 1)), (0, x.dim()), (x.dim(), 1), 0,
+                      torch.int64)
+    out = T.empty((n, x.dim()), torch.int64)
+    _nonzero(out._nd, I.flat(x), np.array(x.shape, np.int64), np.array(x.stride(), np.int64),
+             _keep_bits(x))
+    core.launch("gpsimd", x.numel(), x._nd.nbytes + out._nd.nbytes)
+    return out
+
+
+# -- masked ops ----------------------------------------------------------------------------
+_MASKED_FILL = E.Elementwise("masked_fill", njit(lambda x, m, v: v if m else x), nparams=1)
+
+
+def _check_mask(mask):
+    if mask.dtype != torch.bool:
+        name = "unsigned char" if mask.dtype == torch.uint8 else str(mask.dtype)[6:]
+        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype "
+                           f"{name}")
+
+
+def _fill_value(value):
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got "
+                               f"tensor with {value.dim()} dimension(s).")
+        return value.item()
+    return value
+
+
+@register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    _check_mask(mask)
+    shape = E.broadcast_shape([x.shape, mask.shape])
+    return E.run(_MASKED_FILL, [x, mask], [_fill_value(value)], out=T.empty(shape, x.dtype))
+
+
+@register(aten.masked_fill_.Scalar, aten.masked_fill_.Tensor)
+def masked_fill_(x, mask, value):
+    _check_mask(mask)
+    return E.run(_MASKED_FILL, [x, mask], [_fill_value(value)], out=x)
+
+
+@register(aten.masked_select.default)
+def masked_select(x, mask):
+    if mask.dtype != torch.bool:
+        raise RuntimeError("masked_select: expected BoolTensor for mask")
+    shape = tuple(torch.broadcast_shapes(x.shape, mask.shape))
+    # an expanded mask repeats each element equally often
+    n = count_nonzero(mask) * (T.numel(shape) // max(mask.numel(), 1)) if mask.numel() else 0
+    out = T.empty((n,), x.dtype)
+    if n:
+        I.launch4(_compact, [I.flat(out), I.flat(x), I.flat(mask)], shape,
+                  [I._bstrides(x, shape), I._bstrides(mask, shape)])
+        core.launch("gpsimd", T.numel(shape), out._nd.nbytes + x._nd.nbytes + mask._nd.nbytes)
+    return out
+
+
+def _masked_scatter_into(out, mask, source):
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype "
+                           f"{mask.dtype}")
+    if source.dtype != out.dtype:
+        raise RuntimeError(f"masked_scatter: expected self and source to have same dtypes but got "
+                           f"{out.dtype} and {source.dtype}")
+    shape = tuple(out.shape)
+    n = count_nonzero(mask) * (T.numel(shape) // max(mask.numel(), 1)) if mask.numel() else 0
+    if n > source.numel():
+        raise RuntimeError("Number of elements of source < number of ones in mask")
+    if n:
+        src = source.contiguous()
+        if src._storage is out._storage:
+            src = I._clone(src)
+        I.launch4(_expand, [I.flat(out), I.flat(src), I.flat(mask)], shape,
+                  [out.stride(), I._bstrides(mask, shape)])
+        core.launch("gpsimd", T.numel(shape), 2 * n * out.element_size() + mask._nd.nbytes)
+    return out
+
+
+@register(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    shape = tuple(torch.broadcast_shapes(x.shape, mask.shape))
+    out = E.copy_into(T.empty(shape, x.dtype), x)
+    return _masked_scatter_into(out, mask, source)
+
+
+@register(aten.masked_scatter_.default)
+def masked_scatter_(x, mask, source):
+    if tuple(torch.broadcast_shapes(x.shape, mask.shape)) != tuple(x.shape):
+        raise RuntimeError(f"masked_scatter_: expected mask of shape broadcastable to "
+                           f"{list(x.shape)}, got {list(mask.shape)}")
+    return _masked_scatter_into(x, mask, source)
+
+
+@register(aten.masked_scatter_backward.default)
+def masked_scatter_backward(grad, mask, sizes):
+    selected = masked_select(grad, mask)
+    missing = T.numel(sizes) - selected.numel()
+    if missing > 0:  # positions the mask never chose get no gradient
+        from neuron_eager.ops.arrange import cat
+        from neuron_eager.ops.copy import fill
+
+        selected = cat([selected, fill(T.empty((missing,), grad.dtype), 0)])
+    return selected.view(sizes)
+
+
+# -- tril / triu ---------------------------------------------------------------------------
+def _triangle_op(x, diagonal, lower, op):
+    I.meta_call(op, x, diagonal)
+    out = T.empty(x.shape, x.dtype)
+    if not x.numel():
+        return out
+    rows, cols = x.shape[-2:]
+    nb = x.numel() // (rows * cols)
+    batch_shape, (batch_strides,) = I.kernelgen.coalesce(list(x.shape[:-2]), [x.stride()[:-2]])
+    if len(batch_shape) > 1:
+        x = x.contiguous()
+        batch_strides = [rows * cols]
+    raw = I._RAW[x.element_size()]
+    _triangle(I.flat(out), I.flat(x), nb, rows, cols, batch_strides[0], x.stride(-2),
+              x.stride(-1), diagonal, lower, raw(0))
+    core.launch("gpsimd", x.numel(), 2 * out._nd.nbytes)
+    return out
+
+
+@register(aten.tril.default)
+def tril(x, diagonal=0):
+    return _triangle_op(x, diagonal, True, aten.tril.default)
+
+
+@register(aten.triu.default)
+def triu(x, diagonal=0):
+    return _triangle_op(x, diagonal, False, aten.triu.default)

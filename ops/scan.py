@@ -1,0 +1,184 @@
+"""Ops along one dim that keep it: cumsum and cumprod (Vector engine), sort and topk.
+
+They reuse the row view of reduction.py (Note [Rows]): the dim is the row, read in place
+from storage; results go to new contiguous tensors. Scans accumulate in fp32 (int64 for
+integers) and round each prefix once. Sorting is a stable merge sort with NaN ordered
+above +inf, as on CPU; sorted values are copied bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import core
+from neuron_eager.ops import reduction as R
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.reduction import cast, load, store  # template placeholders
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+CUMSUM, CUMPROD = 0, 1
+RUN = 16  # merge sort starts from insertion-sorted runs of this length
+
+
+def _dest(out: torch.Tensor, dim: int):
+    """Row starts and stride of a contiguous output along `dim`, in the input's row order."""
+    r = R.rows(out, (dim,) if out.dim() else ())
+    return r.starts, r.stride
+
+
+# -- cumsum, cumprod --------------------------------------------------------------------
+
+
+def scan_kernel(src, base, starts, steps, stride, n, dst, dstarts, dstride, mode):
+    gathered = steps.size > 0
+    for r in range(starts.size):
+        s0, d0 = base + starts[r], dstarts[r]
+        acc = cast(0) if mode == CUMSUM else cast(1)
+        for i in range(n):
+            v = load(src[s0 + (steps[i] if gathered else i * stride)])
+            acc = acc + v if mode == CUMSUM else acc * v
+            dst[d0 + i * dstride] = store(acc)
+
+
+def _scan(op, x, dim, dtype, mode):
+    dims = R.wrap_dims(x, dim)
+    out_dtype = R.int_to_long(x, dtype)
+    if x.numel() == 0:
+        return R.on_empty(op, x, dim, dtype=dtype)
+    out = T.empty(x.shape, out_dtype)
+    compute = "f32" if out_dtype.is_floating_point else "int"
+    k = R.kernel("scan", x.dtype, out_dtype, compute, op)
+    dstarts, dstride = _dest(out, dims[0] if dims else 0)
+    R.launch(k, x, dims, [out], dstarts, dstride, mode)
+    return out
+
+
+@register(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    return _scan(aten.cumsum.default, x, dim, dtype, CUMSUM)
+
+
+@register(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    return _scan(aten.cumprod.default, x, dim, dtype, CUMPROD)
+
+
+# -- sort, topk -------------------------------------------------------------------------
+
+
+@njit(inline="always")
+def _before(a, b, descending):
+    """a strictly before b; NaN is the largest value."""
+    if descending:
+        return a > b or (a != a and b == b)
+    return a < b or (b != b and a == a)
+
+
+@njit(**R.JIT)
+def _merge_sort(order, tmp, keys, descending):
+    """Stable bottom-up merge sort of the indices in `order` by `keys`, from sorted runs."""
+    n = order.size
+    for lo in range(0, n, RUN):  # insertion-sort short runs first: fewer merge passes
+        for i in range(lo + 1, min(lo + RUN, n)):
+            item, j = order[i], i
+            while j > lo and _before(keys[item], keys[order[j - 1]], descending):
+                order[j] = order[j - 1]
+                j -= 1
+            order[j] = item
+    src, dst = order, tmp
+    width, swapped = RUN, False
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid, hi = min(lo + width, n), min(lo + 2 * width, n)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                if _before(keys[src[j]], keys[src[i]], descending):
+                    dst[k] = src[j]
+                    j += 1
+                else:
+                    dst[k] = src[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                dst[k] = src[i]
+                i += 1
+                k += 1
+            while j < hi:
+                dst[k] = src[j]
+                j += 1
+                k += 1
+        src, dst = dst, src
+        swapped = not swapped
+        width *= 2
+    if swapped:
+        for i in range(n):
+            order[i] = src[i]
+
+
+def sort_kernel(src, base, starts, steps, stride, n, vals, idxs, dstarts, dstride, keys,
+                descending, k):
+    gathered = steps.size > 0
+    order = np.empty(n, np.int64)
+    tmp = np.empty(n, np.int64)
+    for r in range(starts.size):
+        s0, d0 = base + starts[r], dstarts[r]
+        for i in range(n):
+            keys[i] = load(src[s0 + (steps[i] if gathered else i * stride)])
+            order[i] = i
+        _merge_sort(order, tmp, keys, descending)
+        for j in range(k):
+            i = order[j]
+            vals[d0 + j * dstride] = src[s0 + (steps[i] if gathered else i * stride)]
+            idxs[d0 + j * dstride] = i
+
+
+R.FAMILIES.update(scan=scan_kernel, sort=sort_kernel)
+
+
+def sort_rows(op, x, dim: int, descending: bool, k: int | None = None, engine="gpsimd"):
+    """(values, indices) of the first `k` (all by default) of x sorted along `dim`."""
+    dims = R.wrap_dims(x, dim)
+    d = dims[0] if dims else 0
+    shape = list(x.shape)
+    if k is not None and shape:
+        shape[d] = k
+    vals, idxs = T.empty(shape, x.dtype), T.empty(shape, torch.int64)
+    compute = "f32" if x.dtype.is_floating_point else "int"
+    kern = R.kernel("sort", x.dtype, x.dtype, compute, op)
+    r = R.rows(x, dims)
+    dstarts, dstride = _dest(vals, d)
+    keys = np.empty(r.n, np.float32 if compute == "f32" else np.int64)
+    nk = r.n if k is None else k
+    kern(R.flat(x), x.storage_offset(), r.starts, r.steps, r.stride, r.n,
+         vals._nd.reshape(-1), idxs._nd.reshape(-1), dstarts, dstride, keys, descending, nk)
+    core.launch(engine, x.numel(), x._nd.nbytes + vals._nd.nbytes + idxs._nd.nbytes)
+    return vals, idxs
+
+
+@register(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    if x.numel() == 0:
+        return R.on_empty(aten.sort.default, x, dim, descending)
+    return sort_rows(aten.sort.default, x, dim, descending)
+
+
+@register(aten.sort.stable)
+def sort_stable(x, *, stable=None, dim=-1, descending=False):
+    if x.numel() == 0:
+        return R.on_empty(aten.sort.stable, x, stable=stable, dim=dim, descending=descending)
+    return sort_rows(aten.sort.stable, x, dim, descending)
+
+
+@register(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    dims = R.wrap_dims(x, dim)
+    n = x.shape[dims[0]] if dims else 1
+    if not 0 <= k <= n:
+        raise RuntimeError("selected index k out of range")
+    if x.numel() == 0:
+        return R.on_empty(aten.topk.default, x, k, dim, largest, sorted)
+    # Vector-engine max8/find_index8 instructions select top values on Trainium
+    return sort_rows(aten.topk.default, x, dim, largest, k, engine="vector")
+

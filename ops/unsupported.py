@@ -1,0 +1,39 @@
+"""What the device refuses by design, with errors that say so: sparse layouts and nested
+tensors (TorchNeuron supports dense strided tensors only). Complex dtypes are refused
+where tensors are made (tensor.check_dtype).
+"""
+from __future__ import annotations
+
+import torch
+
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+_impl = torch.library.Library("aten", "IMPL")
+_fallback = torch.library.Library("_", "IMPL")
+
+SPARSE = ("sparse tensors are not supported on neuron: only dense (strided) tensors live on the "
+          "device. Keep sparse tensors on the CPU, or call .to_dense() before moving them.")
+NESTED = ("nested tensors are not supported on neuron. Keep nested tensors on the CPU, or pad "
+          "them into a dense tensor (torch.nested.to_padded_tensor) before moving them.")
+
+
+def _refuse(message):
+    def refuse(*args, **kwargs):
+        raise NotImplementedError(message)
+
+    return refuse
+
+
+for _key, _message in [("SparsePrivateUse1", SPARSE), ("SparseCsrPrivateUse1", SPARSE),
+                       ("NestedTensorPrivateUse1", NESTED)]:
+    _impl.impl("_to_copy", _refuse(_message), _key)
+_fallback.fallback(lambda op, *args, **kwargs: _refuse(NESTED)(), "NestedTensorPrivateUse1")
+
+register(aten._sparse_coo_tensor_with_dims_and_tensors, aten._sparse_coo_tensor_with_dims,
+         aten._sparse_compressed_tensor_unsafe, aten.to_sparse, aten._to_sparse,
+         aten._to_sparse_csr, aten._to_sparse_csc, aten._to_sparse_bsr, aten._to_sparse_bsc,
+         aten.sparse_resize_, aten.sparse_resize_and_clear_)(_refuse(SPARSE))
+register(aten._nested_view_from_jagged, aten._nested_tensor_from_tensor_list,
+         aten._nested_from_padded, aten._nested_view_from_buffer,
+         aten._nested_tensor_from_mask)(_refuse(NESTED))

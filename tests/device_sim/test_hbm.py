@@ -1,0 +1,92 @@
+"""The HBM caching allocator, without torch."""
+import pytest
+
+from neuron_eager.device_sim.hbm import MIN_BLOCK, CachingAllocator, OutOfMemory, round_size
+
+
+def test_round_size_classes():
+    assert round_size(1) == MIN_BLOCK
+    assert round_size(MIN_BLOCK) == MIN_BLOCK
+    for n in [257, 1000, 4097, 123_456, 15 << 20, 16 << 20, (16 << 20) + 1, 100_000_000]:
+        size = round_size(n)
+        assert size >= n
+        assert size <= n * 1.25 + (2 << 20)
+    assert round_size((16 << 20) + 1) % (2 << 20) == 0
+
+
+def test_cache_reuses_blocks_and_stats_balance():
+    hbm = CachingAllocator(1 << 20)
+    a = hbm.malloc(1000)
+    assert hbm.allocated == round_size(1000) == hbm.reserved
+    hbm.free(a)
+    assert hbm.allocated == 0 and hbm.reserved == round_size(1000)
+    b = hbm.malloc(900)  # same size class: the cached block comes back
+    assert b is a
+    stats = hbm.stats()
+    assert stats["allocation.all.allocated"] == 2 and stats["allocation.all.freed"] == 1
+    assert stats["requested_bytes.all.current"] == 900
+    assert stats["active_bytes.all.current"] == stats["allocated_bytes.all.current"]
+    assert stats["num_device_alloc"] == 1
+    hbm.free(b)
+    hbm.empty_cache()
+    assert hbm.reserved == 0 and hbm.stats()["num_device_free"] == 1
+
+
+def test_pools_split_at_one_mebibyte():
+    hbm = CachingAllocator(64 << 20)
+    small, large = hbm.malloc(1000), hbm.malloc(2 << 20)
+    stats = hbm.stats()
+    assert stats["allocated_bytes.small_pool.current"] == small.size
+    assert stats["allocated_bytes.large_pool.current"] == large.size
+    assert stats["allocated_bytes.all.current"] == small.size + large.size
+
+
+def test_peak_and_reset():
+    hbm = CachingAllocator(1 << 20)
+    blocks = [hbm.malloc(10_000) for _ in range(4)]
+    peak = hbm.stats()["allocated_bytes.all.peak"]
+    for b in blocks:
+        hbm.free(b)
+    assert hbm.stats()["allocated_bytes.all.peak"] == peak
+    hbm.reset_peak_stats()
+    assert hbm.stats()["allocated_bytes.all.peak"] == 0
+    hbm.reset_accumulated_stats()
+    assert hbm.stats()["allocated_bytes.all.allocated"] == 0
+
+
+def test_out_of_memory_releases_cache_first_then_raises_and_stays_consistent():
+    hbm = CachingAllocator(1 << 20)
+    a = hbm.malloc(600_000)
+    hbm.free(a)  # cached, not in use
+    b = hbm.malloc(700_000)  # needs the cache released to fit
+    assert hbm.stats()["num_alloc_retries"] == 1
+    before = hbm.stats()
+    with pytest.raises(OutOfMemory) as err:
+        hbm.malloc(700_000)
+    message = str(err.value)
+    assert "Tried to allocate" in message and "capacity of 1.00 MiB" in message
+    assert err.value.requested == 700_000 and err.value.capacity == 1 << 20
+    after = hbm.stats()
+    assert after["num_ooms"] == before["num_ooms"] + 1
+    assert {k: v for k, v in after.items() if k not in ("num_ooms", "num_alloc_retries")} == \
+        {k: v for k, v in before.items() if k not in ("num_ooms", "num_alloc_retries")}
+    hbm.free(b)
+    c = hbm.malloc(700_000)  # recovery
+    assert c.in_use
+
+
+def test_double_free_is_an_error():
+    hbm = CachingAllocator(1 << 20)
+    a = hbm.malloc(10)
+    hbm.free(a)
+    with pytest.raises(RuntimeError, match="double free"):
+        hbm.free(a)
+
+
+def test_set_capacity_refuses_to_shrink_below_use():
+    hbm = CachingAllocator(1 << 20)
+    hbm.malloc(500_000)
+    with pytest.raises(ValueError):
+        hbm.set_capacity(100_000)
+    hbm.set_capacity(2 << 20)
+    assert hbm.capacity == 2 << 20

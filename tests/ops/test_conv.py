@@ -1,0 +1,146 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import check_op
+from neuron_eager.device_sim import core
+
+FLOATS = [torch.float32, torch.bfloat16]
+# Sums run in another order than the CPU's; bf16 keeps check_op's default tolerance.
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
+
+
+def _rand(*shape, dtype=torch.float32, grad=True):
+    return torch.randn(*shape).to(dtype).requires_grad_(grad)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("cfg", [
+    dict(),
+    dict(stride=2, padding=1, groups=2),
+    dict(stride=(1, 2), padding=(2, 1), dilation=(2, 1)),
+    dict(padding="same", groups=4),  # depthwise
+])
+def test_conv2d(dtype, cfg, seed):
+    groups = cfg.get("groups", 1)
+    x, w = _rand(2, 4, 9, 8, dtype=dtype), _rand(8, 4 // groups, 3, 3, dtype=dtype)
+    b = _rand(8, dtype=dtype)
+    check_op(lambda x, w, b: F.conv2d(x, w, b, **cfg), x, w, b, grad=True, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_conv2d_long_contraction_no_bias(dtype, seed):
+    # K = C*kh*kw = 300: three PSUM chunks, the last one partial
+    x, w = _rand(2, 75, 5, 5, dtype=dtype), _rand(3, 75, 2, 2, dtype=dtype)
+    check_op(F.conv2d, x, w, grad=True, **TOL[dtype])
+
+
+def test_conv1d_and_unbatched(seed):
+    check_op(lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1), _rand(2, 4, 11),
+             _rand(6, 4, 3), _rand(6), grad=True, **TOL[torch.float32])
+    check_op(lambda x, w: F.conv1d(x, w, dilation=2, groups=2), _rand(3, 4, 10), _rand(4, 2, 3),
+             grad=True, **TOL[torch.float32])
+    check_op(F.conv2d, _rand(4, 6, 6), _rand(7, 4, 2, 2), grad=True, **TOL[torch.float32])
+
+
+def test_conv2d_channels_last_and_module(seed):
+    x = torch.randn(2, 8, 7, 7).to(memory_format=torch.channels_last).requires_grad_(True)
+    check_op(lambda x, w: F.conv2d(x, w, padding=1), x, _rand(5, 8, 3, 3), grad=True,
+             **TOL[torch.float32])
+    conv = torch.nn.Conv2d(3, 4, 3, stride=2)
+    dev = torch.nn.Conv2d(3, 4, 3, stride=2).to("neuron")
+    dev.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 3, 10, 10)
+    torch.testing.assert_close(dev(x.to("neuron")).cpu(), conv(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_conv_transpose(dtype, seed):
+    x, w, b = _rand(2, 4, 5, 6, dtype=dtype), _rand(4, 3, 3, 3, dtype=dtype), _rand(6, dtype=dtype)
+    check_op(lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1,
+                                                groups=2), x, w, b, grad=True, **TOL[dtype])
+    check_op(lambda x, w: F.conv_transpose1d(x, w, stride=3, dilation=2),
+             _rand(2, 4, 7, dtype=dtype), _rand(4, 2, 3, dtype=dtype), grad=True, **TOL[dtype])
+
+
+def test_conv_integer_and_empty(seed):
+    x, w = torch.randint(-5, 5, (2, 3, 6, 6)), torch.randint(-5, 5, (4, 3, 3, 3))
+    check_op(F.conv2d, x, w)  # exact int64
+    check_op(F.conv2d, _rand(0, 3, 6, 6, grad=False), _rand(4, 3, 3, 3, grad=False))
+
+
+def test_conv3d_falls_back(seed):
+    with pytest.warns(UserWarning, match="fell back to CPU"):
+        check_op(F.conv3d, _rand(1, 2, 4, 4, 4), _rand(3, 2, 2, 2, 2), native=False,
+                 **TOL[torch.float32])
+
+
+def test_conv_launches_and_errors(seed):
+    x, w = torch.randn(1, 4, 6, 6).to("neuron"), torch.randn(5, 4, 3, 3).to("neuron")
+    core.reset_counters()
+    F.conv2d(x, w)
+    assert core.launches_by_engine["tensor"] == 1
+    assert core.elements_by_engine["tensor"] == 5 * 16 * 36  # O * Ho*Wo * C*kh*kw
+    with pytest.raises(RuntimeError) as cpu:
+        F.conv2d(torch.randn(1, 3, 6, 6), torch.randn(5, 4, 3, 3))
+    with pytest.raises(RuntimeError) as dev:
+        F.conv2d(torch.randn(1, 3, 6, 6).to("neuron"), w)
+    assert str(dev.value) == str(cpu.value)
+
+
+# -- pooling ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("cfg", [dict(kernel_size=2),
+                                 dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+                                 dict(kernel_size=(3, 2), stride=(2, 1), padding=1,
+                                      dilation=(2, 3))])
+def test_max_pool2d(dtype, cfg, seed):
+    x = _rand(2, 3, 9, 10, dtype=dtype)
+    out = check_op(lambda x: F.max_pool2d(x, **cfg), x, grad=True)
+    idx = F.max_pool2d(x.detach(), return_indices=True, **cfg)[1]
+    torch.testing.assert_close(
+        F.max_pool2d(x.detach().to("neuron"), return_indices=True, **cfg)[1].cpu(), idx)
+    assert out.shape == idx.shape
+
+
+def test_max_pool_variants(seed):
+    check_op(lambda x: F.max_pool1d(x, 3, stride=2, padding=1), _rand(2, 3, 11), grad=True)
+    check_op(lambda x: F.max_pool2d(x, 2), _rand(3, 8, 8), grad=True)  # unbatched
+    check_op(lambda x: F.max_pool2d(x, 2), torch.randint(-100, 100, (2, 3, 8, 8)))
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last).requires_grad_(True)
+    check_op(lambda x: F.max_pool2d(x, 2), x, grad=True)
+    nan = torch.randn(1, 1, 4, 4)
+    nan[0, 0, 0, 1] = nan[0, 0, 1, 0] = float("nan")
+    check_op(lambda x: F.max_pool2d(x, 2, return_indices=True), nan)  # same NaN index as CPU
+    check_op(lambda x: F.adaptive_max_pool2d(x, (4, 3), return_indices=True), _rand(2, 3, 9, 10))
+    check_op(lambda x: F.adaptive_max_pool2d(x, (4, 3)), _rand(2, 3, 9, 10), grad=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("cfg", [dict(kernel_size=2),
+                                 dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+                                 dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                                      count_include_pad=False),
+                                 dict(kernel_size=(3, 2), stride=(1, 2), padding=(1, 0),
+                                      divisor_override=5)])
+def test_avg_pool2d(dtype, cfg, seed):
+    check_op(lambda x: F.avg_pool2d(x, **cfg), _rand(2, 3, 9, 10, dtype=dtype), grad=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("size", [(4, 3), 7, (9, 10), 1])
+def test_adaptive_avg_pool2d(dtype, size, seed):
+    check_op(lambda x: F.adaptive_avg_pool2d(x, size), _rand(2, 3, 9, 10, dtype=dtype),
+             grad=True)
+    check_op(lambda x: torch.nn.AdaptiveAvgPool2d(size)(x), _rand(3, 9, 10, dtype=dtype),
+             grad=True)
+
+
+def test_pooling_errors_match_cpu():
+    x = torch.randn(1, 2, 4, 4)
+    for fn in (lambda x: F.max_pool2d(x, 2, padding=2), lambda x: F.avg_pool2d(x, 5)):
+        with pytest.raises(RuntimeError) as cpu:
+            fn(x)
+        with pytest.raises(RuntimeError) as dev:
+            fn(x.to("neuron"))
+        assert str(dev.value) == str(cpu.value)

@@ -1,0 +1,158 @@
+"""aten._foreach_* ops (ops/foreach.py): optimizer steps and clip_grad_norm_ match the CPU."""
+import pytest
+import torch
+
+import neuron_eager
+from checks import NEURON, check_op
+
+SHAPES = [(4, 3), (5,), (2, 3, 2), ()]
+
+
+def _params(device, dtype=torch.float32):
+    torch.manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(s).to(dtype).to(device)) for s in SHAPES]
+
+
+def _train(make_opt, device, dtype=torch.float32, steps=3, clip=None):
+    params = _params(device, dtype)
+    opt = make_opt(params)
+    for step in range(steps):
+        torch.manual_seed(100 + step)
+        for p in params:
+            p.grad = torch.randn(p.shape).to(dtype).to(device)
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+        opt.step()
+    return params
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=True),
+    "sgd_nesterov": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True,
+                                               weight_decay=0.01, foreach=True),
+    "sgd_maximize": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.5, dampening=0.1,
+                                               maximize=True, foreach=True),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=True),
+    "adam_all": lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True, maximize=True,
+                                            weight_decay=0.1, foreach=True),
+    "adam_wd": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=True),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
+    "adamw_all": lambda ps: torch.optim.AdamW(ps, lr=0.01, amsgrad=True, maximize=True,
+                                              weight_decay=0.1, foreach=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizer_step_matches_cpu(name):
+    expected = _train(OPTIMIZERS[name], "cpu", clip=1.0)
+    neuron_eager.clear_op_tracking()
+    actual = _train(OPTIMIZERS[name], NEURON, clip=1.0)
+    assert neuron_eager.get_fallback_ops() == {}
+    executed = neuron_eager.get_executed_ops()
+    assert any("_foreach_" in op for op in executed), executed
+    for a, e in zip(actual, expected):
+        assert a.device.type == "neuron"
+        torch.testing.assert_close(a.detach().cpu(), e.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_adam_bfloat16_matches_cpu():
+    make = OPTIMIZERS["adam_all"]
+    expected = _train(make, "cpu", torch.bfloat16)
+    neuron_eager.clear_op_tracking()
+    actual = _train(make, NEURON, torch.bfloat16)
+    assert neuron_eager.get_fallback_ops() == {}
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.detach().cpu(), e.detach(), rtol=2e-2, atol=2e-2)
+
+
+def test_clip_grad_norm(seed):
+    grads = [torch.randn(s) * 3 for s in SHAPES]
+    for norm_type in (2.0, 1.0, float("inf")):
+        cpu = [torch.nn.Parameter(torch.zeros(g.shape)) for g in grads]
+        dev = [torch.nn.Parameter(torch.zeros(g.shape, device=NEURON)) for g in grads]
+        for p, q, g in zip(cpu, dev, grads):
+            p.grad, q.grad = g.clone(), g.to(NEURON)
+        neuron_eager.clear_op_tracking()
+        total = torch.nn.utils.clip_grad_norm_(dev, 1.0, norm_type=norm_type, foreach=True)
+        assert neuron_eager.get_fallback_ops() == {}
+        expected = torch.nn.utils.clip_grad_norm_(cpu, 1.0, norm_type=norm_type, foreach=True)
+        torch.testing.assert_close(total.cpu(), expected)
+        for p, q in zip(cpu, dev):
+            torch.testing.assert_close(q.grad.cpu(), p.grad)
+
+
+def _lists(n=3, dtype=torch.float32, positive=False):
+    out = [torch.randn(s).to(dtype) for s in SHAPES[:n]]
+    return [t.abs() + 0.5 for t in out] if positive else out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_foreach_binary_and_ternary(dtype, seed):
+    a, b, c = _lists(dtype=dtype), _lists(dtype=dtype), _lists(dtype=dtype, positive=True)
+    scalars = [0.5, -2.0, 3.0]
+    for name in ("add", "sub", "mul", "div", "maximum", "minimum", "clamp_min", "clamp_max"):
+        op, op_ = getattr(torch, f"_foreach_{name}"), getattr(torch, f"_foreach_{name}_")
+        check_op(lambda x, y: op(x, y), a, c)
+        check_op(lambda x: op(x, 1.5), a)
+        check_op(lambda x: op(x, scalars), a)
+
+        def inplace(x, y):
+            x = [t.clone() for t in x]
+            op_(x, y)
+            return x
+
+        check_op(inplace, a, c)
+        check_op(lambda x: inplace(x, 0.25), a)
+        check_op(lambda x: inplace(x, scalars), a)
+    check_op(lambda x, y: torch._foreach_add(x, y, alpha=-0.5), a, b)
+    check_op(lambda x, s: torch._foreach_mul(x, s), a, torch.tensor(2.5))
+    check_op(lambda x: torch._foreach_pow(x, 2.0), c)
+    check_op(lambda x, y: torch._foreach_pow(x, y), c, b)
+    check_op(lambda y: torch._foreach_pow(2.0, y), b)
+    for name in ("addcmul", "addcdiv"):
+        op, op_ = getattr(torch, f"_foreach_{name}"), getattr(torch, f"_foreach_{name}_")
+        check_op(lambda x, y, z: op(x, y, z, value=0.3), a, b, c)
+        check_op(lambda x, y, z: op(x, y, z, scalars), a, b, c)
+        check_op(lambda x, y, z, s: op(x, y, z, s), a, b, c, torch.tensor(scalars))
+
+        def inplace3(x, y, z, v):
+            x = [t.clone() for t in x]
+            op_(x, y, z, v)
+            return x
+
+        check_op(lambda x, y, z: inplace3(x, y, z, scalars), a, b, c)
+    check_op(lambda x, y: torch._foreach_lerp(x, y, 0.3), a, b)
+    check_op(lambda x, y, w: torch._foreach_lerp(x, y, w), a, b, _lists(dtype=dtype))
+
+
+def test_foreach_unary_and_misc(seed):
+    a, c = _lists(), _lists(positive=True)
+    for name in ("sqrt", "neg", "abs", "reciprocal", "sign", "rsqrt"):
+        op, op_ = getattr(torch, f"_foreach_{name}"), getattr(torch, f"_foreach_{name}_")
+        check_op(op, c)
+
+        def inplace(x):
+            x = [t.clone() for t in x]
+            op_(x)
+            return x
+
+        check_op(inplace, c)
+    check_op(lambda x: torch._foreach_norm(x), a)
+    check_op(lambda x: torch._foreach_norm(x, 1), a)
+    check_op(lambda x: torch._foreach_max(x), a)
+
+    def copy_zero(x, y):
+        x = [t.clone() for t in x]
+        torch._foreach_copy_(x, y)
+        torch._foreach_zero_(x[:1])
+        return x
+
+    check_op(copy_zero, a, c)
+
+
+def test_foreach_errors():
+    a = [torch.ones(2, device=NEURON)]
+    with pytest.raises(RuntimeError, match="same number of tensors"):
+        torch._foreach_add(a, a + a)
+    with pytest.raises(RuntimeError, match="at least one tensor"):
+        torch._foreach_mul([], 2.0)

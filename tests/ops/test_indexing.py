@@ -1,0 +1,295 @@
+"""Indexing family (ops/indexing.py, ops/masking.py, ops/arrange.py) against the CPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_eager
+from checks import NEURON, check_op
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _x(shape, dtype=torch.float32):
+    if dtype.is_floating_point:
+        return torch.randn(shape).to(dtype)
+    return torch.randint(-50, 50, shape, dtype=dtype)
+
+
+def check_error(fn, *args):
+    """fn raises the same exception type and message on neuron as on the CPU."""
+    with pytest.raises(Exception) as cpu:
+        fn(*args)
+    dev = [a.to(NEURON) if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(type(cpu.value)) as ours:
+        fn(*dev)
+    assert str(ours.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+    return dev
+
+
+# -- gathers -------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64, torch.bool])
+def test_index_select(dtype, seed):
+    x = _x((5, 6, 3), dtype) if dtype != torch.bool else torch.rand(5, 6, 3) > 0.5
+    idx = torch.tensor([4, 0, 0, 2])
+    for dim in (0, 1, -1):
+        check_op(lambda t, i: t.index_select(dim, i), x, idx.clamp(max=2 if dim else 4))
+    check_op(lambda t, i: t.transpose(0, 1).index_select(1, i), x, idx)  # strided input
+    check_op(lambda t, i: t.index_select(0, i), x, idx.int())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_select_grad(dtype, seed):
+    x = _x((5, 4), dtype).requires_grad_()
+    check_op(lambda t, i: t.index_select(0, i) * 2, x, torch.tensor([1, 1, 3]), grad=True)
+
+
+def test_embedding(seed):
+    w = torch.randn(10, 4, requires_grad=True)
+    idx = torch.tensor([[1, 2, 2], [9, 0, 1]])
+    check_op(F.embedding, idx, w, grad=True)
+    check_op(lambda i, t: F.embedding(i, t, padding_idx=2), idx, w, grad=True)
+    check_op(lambda i, t: F.embedding(i, t, scale_grad_by_freq=True), idx, w, grad=True)
+    check_op(F.embedding, idx, w.detach().bfloat16().requires_grad_(), grad=True)
+    check_op(lambda i, t: torch.nn.Embedding.from_pretrained(t, padding_idx=0)(i), idx, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather(dtype, seed):
+    x = _x((4, 5), dtype).requires_grad_()
+    idx = torch.tensor([[0, 4, 4], [1, 1, 0], [2, 3, 0]])
+    check_op(lambda t, i: t.gather(1, i), x, idx, grad=True)
+    check_op(lambda t, i: t.gather(0, i.clamp(max=3)), x, idx, grad=True)
+    check_op(lambda t, i: t.t().gather(0, i), x, idx, grad=True)
+
+
+# -- scatters ------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int32])
+def test_scatter_and_index_add(dtype, seed):
+    x, src = _x((4, 5), dtype), _x((3, 5), dtype)
+    idx = torch.tensor([[0, 1, 2, 3, 0], [1, 2, 3, 0, 1], [3, 3, 3, 3, 3]])
+    check_op(lambda t, i, s: t.scatter(0, i, s), x, idx, src)
+    check_op(lambda t, i: t.scatter(1, i[:, :2], 7), x, idx)
+    check_op(lambda t, i, s: t.scatter_add(0, i, s), x, idx, src)
+    check_op(lambda t, i, s: t.clone().scatter_add_(0, i, s), x, idx, src)
+    check_op(lambda t, i, s: t.scatter(0, i, s, reduce="add"), x, idx, src)
+    check_op(lambda t, i, s: t.scatter(0, i, s, reduce="multiply"), x, idx, src)
+    rows = torch.tensor([3, 0, 3])
+    check_op(lambda t, i, s: t.index_add(0, i, s), x, rows, src)
+    check_op(lambda t, i, s: t.index_add(0, i, s, alpha=2), x, rows, src)
+    check_op(lambda t, i, s: t.clone().index_add_(1, i, s.t()[:4]), x, rows, src)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce, include_self, seed):
+    x, src = torch.randn(6), torch.randn(8)
+    idx = torch.tensor([0, 0, 2, 2, 2, 5, 0, 1])
+    check_op(lambda t, i, s: t.scatter_reduce(0, i, s, reduce, include_self=include_self),
+             x, idx, src)
+    xi, si = torch.randint(-9, 9, (6,)), torch.randint(-9, 9, (8,))
+    check_op(lambda t, i, s: t.scatter_reduce(0, i, s, reduce, include_self=include_self),
+             xi, idx, si)
+
+
+def test_scatter_grad(seed):
+    x, src = torch.randn(3, 4, requires_grad=True), torch.randn(2, 4, requires_grad=True)
+    idx = torch.tensor([[0, 1, 2, 0], [2, 0, 1, 1]])
+    check_op(lambda t, i, s: t.scatter_add(0, i, s), x, idx, src, grad=True)
+    check_op(lambda t, i, s: t.index_add(0, i[0, :2], s), x, idx, src, grad=True)
+
+
+# -- advanced indexing ---------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int16])
+def test_index_tensor(dtype, seed):
+    x = _x((4, 5, 6), dtype)
+    i, j = torch.tensor([0, -1, 2]), torch.tensor([[1], [4]])
+    check_op(lambda t, a: t[a], x, i)
+    check_op(lambda t, a: t[:, a], x, i)
+    check_op(lambda t, a, b: t[a, b], x, i, j)  # broadcast indices
+    check_op(lambda t, a, b: t[a, :, b], x, i, j)  # separated: index dims go first
+    check_op(lambda t, a: t[..., a, None], x, i)
+    check_op(lambda t, a: t.transpose(0, 2)[a, 1:], x, i)
+    check_op(lambda t, a: t[:, a.int()], x, i)
+
+
+def test_index_masks(seed):
+    x = torch.randn(4, 5, 6)
+    check_op(lambda t: t[t > 0], x)
+    check_op(lambda t: t[:, t[0, :, 0] > 0], x)
+    check_op(lambda t: t[t[:, :, 0] > 0, 1:3], x)
+    check_op(lambda t: t[torch.tensor([True, False, True, True], device=t.device)], x)
+    check_op(lambda t: t[t > 100], x)  # empty selection
+    check_op(lambda t: torch.where(t > 0), x)
+    check_op(lambda t: torch.nonzero(t), torch.tensor([[0.0, -0.0, 2], [float("nan"), 0, 1]]))
+    check_op(torch.nonzero, torch.tensor(3.0))
+    check_op(lambda t: torch.argwhere(t > 0.5), torch.rand(3, 4).t())
+
+
+def test_index_grad(seed):
+    x = torch.randn(5, 4, requires_grad=True)
+    check_op(lambda t, i: t[i] * 3, x, torch.tensor([0, 0, 4]), grad=True)
+    check_op(lambda t: t[t > 0].sum(), x, grad=True)
+    check_op(lambda t, i: t[i, i.flip(0)], x, torch.tensor([0, 3, 1]), grad=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_put(dtype, seed):
+    x = _x((5, 4), dtype)
+    i = torch.tensor([0, 2, 2, -1])
+    v = _x((4,), dtype)
+
+    def put(t, a, vals, acc):
+        t = t.clone()
+        t.index_put_((a,), vals, accumulate=acc)
+        return t
+
+    check_op(lambda t, a: put(t, a, torch.ones((), dtype=t.dtype, device=t.device), False), x, i)
+    check_op(lambda t, a, w: put(t, a, w, True), x, i, v[:, None].expand(4, 4).contiguous())
+    check_op(lambda t, a, w: t.index_put((a, a.flip(0)), w, accumulate=True), x, i, v)
+    check_op(lambda t, a, w: torch.ops.aten._index_put_impl_(t.clone(), (None, a[:2]), w[:2],
+                                                             True, True), x, i, v)
+
+    def setitem(t, a, w):
+        t = t.clone()
+        t[a, 1:] = w[:3]
+        t[t > 0.5] = 0.0
+        t[:, a[:2]] += 1
+        return t
+
+    check_op(setitem, x, i, v)
+
+
+def test_index_put_cpu_indices(seed):
+    x, idx = torch.randn(5, 3), torch.tensor([4, 0])
+    dev = x.to(NEURON)
+    dev[idx] = torch.ones(3, device=NEURON)  # host index tensor, as CUDA accepts
+    dev.index_put_((idx,), torch.full((3,), 2.0, device=NEURON), accumulate=True)
+    x[idx] = 1.0
+    x.index_put_((idx,), torch.full((3,), 2.0), accumulate=True)
+    torch.testing.assert_close(dev.cpu(), x)
+    torch.testing.assert_close(dev[idx].cpu(), x[idx])
+
+
+def test_out_of_range_raises_before_writing(seed):
+    x = torch.randn(4, 5)
+    bad = torch.tensor([0, 1, 9])
+    check_error(lambda t, i: t.index_select(0, i), x, bad)
+    check_error(lambda t, i: t[i], x, bad)
+    check_error(lambda t, i: t[i], x, torch.tensor([-5]))
+    check_error(lambda t, i: t.gather(0, i[None]), x, bad)
+    check_error(lambda t, i: F.embedding(i, t), x, bad)
+    check_error(lambda t, i: t.index_add(0, i, torch.ones(3, 5, device=t.device)), x, bad)
+    check_error(lambda t, i: t[i, i[:3]], x, torch.tensor([0, 1]).repeat(2))  # no broadcast
+    check_error(lambda t: t[torch.ones(3, dtype=torch.bool, device=t.device)], x)
+    check_error(lambda t: t[0.5 * torch.ones(1, device=t.device)], x)
+    for fn in (lambda t, i: t.index_put_((i,), torch.ones((), device=t.device)),
+               lambda t, i: t.scatter_(0, i[None], 1.0),
+               lambda t, i: t.index_add_(0, i, torch.ones(3, 5, device=t.device))):
+        dev = check_error(fn, x, bad)
+        torch.testing.assert_close(dev[0].cpu(), x)  # nothing was written
+
+
+# -- masked ops ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int8])
+def test_masked(dtype, seed):
+    x = _x((4, 5), dtype)
+    m = torch.rand(4, 5) > 0.5
+    check_op(lambda t, k: t.masked_fill(k, 3), x, m)
+    check_op(lambda t, k: t.masked_fill(k[0], -1), x, m)  # broadcast mask
+    check_op(lambda t, k: t.clone().masked_fill_(k, torch.tensor(2)), x, m)
+    check_op(lambda t, k: t.t().masked_select(k.t()), x, m)
+    check_op(lambda t, k: t.masked_select(k[1]), x, m)
+    check_op(lambda t, k, s: t.masked_scatter(k, s), x, m, _x((20,), dtype))
+    check_op(lambda t, k, s: t.clone().masked_scatter_(k[0], s), x, m, _x((30,), dtype))
+
+
+def test_masked_grad(seed):
+    x = torch.randn(3, 4, requires_grad=True)
+    m = torch.rand(3, 4) > 0.5
+    check_op(lambda t, k: t.masked_fill(k, 0.0) * t, x, m, grad=True)
+    check_op(lambda t, k: t.masked_select(k), x, m, grad=True)
+    check_op(lambda t, k: torch.zeros_like(t).masked_scatter(k, t), x, m, grad=True)
+    check_error(lambda t: t.masked_fill(t > 0, torch.ones(2, device=t.device)), x.detach())
+    check_error(lambda t: t.masked_scatter(t > -10, torch.ones(2, device=t.device)), x.detach())
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int32])
+def test_tril_triu(dtype, seed):
+    x = _x((2, 4, 5), dtype)
+    for k in (0, 1, -2):
+        check_op(lambda t: t.tril(k), x)
+        check_op(lambda t: t.triu(k), x)
+    check_op(lambda t: t.transpose(1, 2).tril(), x)
+    check_op(lambda t: t.clone().triu_(1), x)
+    check_op(lambda t: torch.tril(t) * 2, torch.randn(4, 4, requires_grad=True), grad=True)
+
+
+# -- rearranging -------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:float64 on neuron")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cat_stack(dtype, seed):
+    a, b = _x((2, 3), dtype), _x((4, 3), dtype)
+    check_op(lambda p, q: torch.cat([p, q]), a, b)
+    check_op(lambda p, q: torch.cat([p.t(), q.t()], dim=-1), a, b)
+    check_op(lambda p, q: torch.cat([p, torch.empty(0, device=p.device, dtype=p.dtype), q]), a, b)
+    check_op(lambda p, q: torch.stack([p, q[:2], p]), a, b)
+    check_op(lambda p, q: torch.stack([p, q[1:3]], dim=2), a, b)
+    check_op(lambda p, q: torch.cat([p, q.double(), q.int()]), a, b)  # dtype promotion
+    out = torch.empty(6, 3, dtype=dtype, device=NEURON)
+    torch.cat([a.to(NEURON), b.to(NEURON)], out=out)
+    torch.testing.assert_close(out.cpu(), torch.cat([a, b]))
+    check_error(lambda p, q: torch.cat([p, q.t()]), a, b)
+    check_op(lambda p, q: torch.cat([p, q]) * torch.stack([q, q]).sum(0).mean(),
+             a.float().requires_grad_(), b.float().requires_grad_(), grad=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pad_repeat_flip_roll(dtype, seed):
+    x = _x((3, 4, 5), dtype)
+    check_op(lambda t: F.pad(t, (1, 2)), x)
+    check_op(lambda t: F.pad(t, (2, -1, 0, 3, 1, 1), value=1.5), x)
+    check_op(lambda t: t.repeat(2, 1, 3), x)
+    check_op(lambda t: t.t().repeat(2, 1, 1, 2), x[0])
+    check_op(lambda t: t.flip(0, 2), x)
+    check_op(lambda t: t.transpose(0, 1).flip(-1), x)
+    check_op(lambda t: t.roll(2, 1), x)
+    check_op(lambda t: t.roll((1, -3), (0, 2)), x)
+    check_op(lambda t: t.roll(7), x)
+    y = torch.randn(3, 4, requires_grad=True)
+    check_op(lambda t: F.pad(t, (1, 1, 2, 0)) * 2, y, grad=True)
+    check_op(lambda t: t.repeat(2, 3), y, grad=True)
+    check_op(lambda t: t.flip(0).roll(1, 1) * t, y, grad=True)
+
+
+def test_zero_dim_and_index_fill(seed):
+    s, i0 = torch.tensor(2.5), torch.tensor(0)
+    check_op(lambda t, i: t.index_select(0, i), s, i0)
+    check_op(lambda t, i: t.gather(0, i), s, i0)
+    check_op(lambda t, i: t.scatter(0, i, 7.0), s, i0)
+    check_op(lambda t, i: t.scatter_add(0, i, t * 2), s, i0)
+    check_op(lambda t, i: t.index_add(0, i, t), s, i0)
+    x = torch.randn(4, 5)
+    check_op(lambda t, i: t.index_fill(1, i, -2.0), x, torch.tensor([0, -1]))
+    check_op(lambda t, i: t.clone().index_fill_(0, i, torch.tensor(3.0)), x, torch.tensor([2]))
+    check_error(lambda t, i: t.index_fill(0, i, 1.0), x, torch.tensor([4]))
+    check_op(lambda t: torch.where(t > 100), x)  # empty result, unbound into views
+
+
+def test_meta_cache_counts():
+    from neuron_eager.ops import indexing
+
+    x, i = torch.randn(3, 4, device=NEURON), torch.tensor([2, 0], device=NEURON)
+    x.index_select(1, i)
+    before = dict(indexing.meta_stats)
+    x.index_select(1, i)
+    assert indexing.meta_stats["hits"] == before["hits"] + 1
+    assert indexing.meta_stats["misses"] == before["misses"]
+
+
+def test_nothing_fell_back():
+    neuron_eager.clear_op_tracking()
+    x = torch.randn(6, 6, device=NEURON)
+    x[x > 0] = 1.0
+    torch.cat([x.index_select(0, torch.tensor([1], device=NEURON)), x.tril()]).flip(0)
+    assert neuron_eager.get_fallback_ops() == {}

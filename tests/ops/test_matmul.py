@@ -1,0 +1,151 @@
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_eager
+from checks import check_op
+from neuron_eager.device_sim import core
+
+FLOATS = [torch.float32, torch.bfloat16]
+# fp32 sums are taken in a different order than the CPU's BLAS: allow for K rounding steps.
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: {}, torch.float16: {}}
+
+
+def _rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (5, 7, 3), (33, 300, 17), (70, 128, 260),
+                                 (16, 129, 8), (3, 0, 4)])
+def test_mm(dtype, mkn, seed):
+    m, k, n = mkn
+    check_op(torch.mm, _rand(m, k, dtype=dtype), _rand(k, n, dtype=dtype), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_mm_transposed_and_sliced(dtype, seed):
+    a, b = _rand(150, 40, dtype=dtype), _rand(60, 150, dtype=dtype)
+    check_op(lambda x, y: torch.mm(x.t(), y.t()), a, b, **TOL[dtype])
+    check_op(lambda x, y: torch.mm(x[::2, 1:30], y[3:32, ::3]), a, b, **TOL[dtype])
+    check_op(lambda x: x.t() @ x, a, **TOL[dtype])  # both operands view the same storage
+
+
+def test_mm_other_dtypes(seed):
+    check_op(torch.mm, _rand(9, 140, dtype=torch.float16), _rand(140, 5, dtype=torch.float16))
+    check_op(torch.mm, _rand(9, 40, dtype=torch.float64), _rand(40, 5, dtype=torch.float64))
+    for dtype in (torch.int64, torch.int32, torch.int8, torch.uint8):
+        a, b = torch.randint(0, 9, (7, 150), dtype=dtype), torch.randint(0, 9, (150, 6),
+                                                                          dtype=dtype)
+        check_op(torch.mm, a, b)  # exact, wrapping like the CPU for int8/uint8
+    big = torch.full((2, 3), 2 ** 40, dtype=torch.int64)
+    check_op(torch.mm, big, torch.ones(3, 2, dtype=torch.int64))  # int64 stays exact
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_addmm_family(dtype, seed):
+    c, a, b = _rand(6, 5, dtype=dtype), _rand(6, 200, dtype=dtype), _rand(200, 5, dtype=dtype)
+    check_op(torch.addmm, c, a, b, **TOL[dtype])
+    check_op(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=-2), c, a, b, **TOL[dtype])
+    check_op(lambda c, a, b: torch.addmm(c[0], a, b, beta=3), c, a, b, **TOL[dtype])  # broadcast
+    nan = torch.full((6, 5), float("nan"), dtype=dtype)
+    check_op(lambda c, a, b: torch.addmm(c, a, b, beta=0), nan, a, b, **TOL[dtype])  # C ignored
+    bc, ba, bb = _rand(3, 6, 5, dtype=dtype), _rand(3, 6, 130, dtype=dtype), \
+        _rand(3, 130, 5, dtype=dtype)
+    check_op(torch.bmm, ba, bb, **TOL[dtype])
+    check_op(lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2), bc, ba, bb, **TOL[dtype])
+    check_op(lambda c, a, b: torch.addbmm(c[0], a, b, alpha=0.25), bc, ba, bb, **TOL[dtype])
+    v, x = _rand(6, dtype=dtype), _rand(200, dtype=dtype)
+    check_op(torch.mv, a, x, **TOL[dtype])
+    check_op(lambda v, a, x: torch.addmv(v, a, x, beta=2, alpha=0.5), v, a, x, **TOL[dtype])
+    check_op(torch.dot, x, x.flip(0), **TOL[dtype])
+    check_op(torch.outer, v, x, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shapes", [((4, 5), (3, 5)), ((2, 4, 140), (7, 140)),
+                                    ((2, 3, 4, 5), (6, 5))])
+def test_linear(dtype, shapes, seed):
+    x, w = _rand(*shapes[0], dtype=dtype), _rand(*shapes[1], dtype=dtype)
+    b = _rand(shapes[1][0], dtype=dtype)
+    for t in (x, w, b):
+        t.requires_grad_(True)
+    check_op(F.linear, x, w, b, grad=True, **TOL[dtype])
+    check_op(F.linear, x, w, grad=True, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shapes", [((5, 7), (7, 3)), ((2, 5, 7), (7, 3)), ((2, 5, 7), (2, 7, 3)),
+                                    ((2, 1, 5, 140), (3, 140, 4)), ((4, 5, 7), (5, 1, 7, 3))])
+def test_matmul_broadcasting(dtype, shapes, seed):
+    a = _rand(*shapes[0], dtype=dtype).requires_grad_(True)
+    b = _rand(*shapes[1], dtype=dtype).requires_grad_(True)
+    check_op(torch.matmul, a, b, grad=True, **TOL[dtype])
+
+
+def test_matmul_vectors(seed):
+    a, v = _rand(5, 7), _rand(7)
+    check_op(torch.matmul, a, v)  # mv
+    check_op(torch.matmul, v, v)  # dot
+    check_op(torch.matmul, v, a.t())  # unsqueeze, mm, squeeze_
+
+
+def _chunked_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Note [PSUM accumulation] in NumPy: fp32 sums in k order per 128-chunk, chunks in order."""
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for k0 in range(0, a.shape[1], 128):
+        part = np.zeros_like(acc)
+        for k in range(k0, min(k0 + 128, a.shape[1])):
+            part += a[:, k:k + 1] * b[k:k + 1, :]  # each product and sum rounded to fp32
+        acc += part
+    return acc
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_k_chunked_accumulation_is_what_is_computed(dtype, seed):
+    # Values of wildly different magnitudes make every summation order give different bits.
+    a = (torch.randn(9, 300) * torch.logspace(-3, 3, 300)).to(dtype)
+    b = torch.randn(300, 11).to(dtype)
+    got = torch.mm(a.to("neuron"), b.to("neuron")).cpu()
+    ref = _chunked_reference(a.float().numpy(), b.float().numpy())
+    assert torch.equal(got, torch.from_numpy(ref).to(dtype))  # bit for bit
+    flat = np.zeros_like(ref)
+    for k in range(300):  # one long fp32 sum: must differ, or the test proves nothing
+        flat += a.float().numpy()[:, k:k + 1] * b.float().numpy()[k:k + 1, :]
+    assert not np.array_equal(flat, ref)
+
+
+def test_stochastic_rounding_rounds_to_a_neighbour(seed):
+    a, b = torch.randn(16, 200).bfloat16(), torch.randn(200, 24).bfloat16()
+    exact = torch.from_numpy(_chunked_reference(a.float().numpy(), b.float().numpy()))
+    neuron_eager.config.stochastic_rounding = True
+    try:
+        got = torch.mm(a.to("neuron"), b.to("neuron")).cpu()
+    finally:
+        neuron_eager.config.stochastic_rounding = False
+    low = (exact.view(torch.int32) >> 16).to(torch.int32)  # toward zero: |low| <= |exact|
+    steps = got.view(torch.int16).to(torch.int32) - low.to(torch.int16).to(torch.int32)
+    assert set(steps.unique().tolist()) <= {0, 1}
+    assert (got != exact.bfloat16()).any()  # not round-to-nearest-even
+
+
+def test_launch_counts_tensor_engine(seed):
+    a, b = _rand(6, 130).to("neuron"), _rand(130, 4).to("neuron")
+    core.reset_counters()
+    torch.mm(a, b)
+    assert core.launches_by_engine["tensor"] == 1
+    assert core.elements_by_engine["tensor"] == 6 * 130 * 4
+
+
+def test_errors_match_cpu():
+    a, b = torch.randn(3, 4), torch.randn(5, 2)
+    cases = [lambda x, y: torch.mm(x, y), lambda x, y: torch.mm(x, y.double()),
+             lambda x, y: torch.bmm(x, y), lambda x, y: torch.mv(x, y[0]),
+             lambda x, y: torch.mm(x.bool(), y.bool())]
+    for fn in cases:
+        with pytest.raises(RuntimeError) as cpu:
+            fn(a, b)
+        with pytest.raises(RuntimeError) as dev:
+            fn(a.to("neuron"), b.to("neuron"))
+        assert str(dev.value) == str(cpu.value)

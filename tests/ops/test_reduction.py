@@ -1,0 +1,271 @@
+import re
+
+import pytest
+import torch
+
+import neuron_eager
+from checks import check_op
+
+FLOATS = [torch.float32, torch.bfloat16]
+aten = torch.ops.aten
+
+
+def _inputs(dtype):
+    """Contiguous, transposed, sliced and expanded inputs (CPU), all 3-D."""
+    base = torch.randn(4, 6, 5)
+    return {
+        "contiguous": base.to(dtype),
+        "transposed": base.to(dtype).transpose(0, 2),
+        "sliced": torch.randn(8, 6, 10).to(dtype)[::2, :, 1::2],
+        "expanded": torch.randn(4, 1, 5).to(dtype).expand(4, 6, 5),
+    }
+
+
+DIMS = [None, 0, -1, (0, 2), (-1, 1), ()]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "expanded"])
+def test_sum_mean_layouts_and_dims(dtype, layout, seed):
+    x = _inputs(dtype)[layout]
+    for dim in DIMS:
+        for keepdim in (False, True):
+            if dim is None:
+                check_op(torch.sum, x)
+                check_op(torch.mean, x)
+                continue
+            check_op(lambda t: t.sum(dim, keepdim=keepdim), x)
+            check_op(lambda t: t.mean(dim, keepdim=keepdim), x)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_min_family(dtype, seed):
+    for x in _inputs(dtype).values():
+        check_op(torch.amax, x)
+        check_op(lambda t: t.amin((0, -1), keepdim=True), x)
+        check_op(torch.max, x)
+        check_op(torch.min, x)
+        check_op(lambda t: t.max(-2), x)
+        check_op(lambda t: t.min(0, keepdim=True), x)
+        check_op(torch.argmax, x)
+        check_op(lambda t: t.argmin(1), x)
+        check_op(lambda t: t.argmax(-1, keepdim=True), x)
+        check_op(lambda t: t.argmax(keepdim=True), x)
+
+
+def test_max_nan_and_ties(seed):
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, float("nan"), 5.0, float("nan")],
+                      [-1.0, -1.0, -4.0, -4.0]])
+    check_op(lambda t: t.max(1), x)
+    check_op(lambda t: t.min(1), x)
+    check_op(lambda t: t.argmax(1), x)
+    check_op(lambda t: t.argmin(1), x)
+    check_op(lambda t: t.amax(1), x)
+    check_op(torch.max, x)
+
+
+def test_integer_and_bool_dtypes(seed):
+    i = torch.randint(-50, 50, (6, 7))
+    b = torch.rand(6, 7) > 0.5
+    for t in (i, b):  # integers and bools sum, multiply and accumulate to int64
+        check_op(torch.sum, t)
+        check_op(lambda u: u.sum(1), t)
+        check_op(lambda u: u.prod(0), t)
+        check_op(lambda u: u.cumsum(0), t)
+        check_op(torch.any, t)
+        check_op(lambda u: u.all(1), t)
+    check_op(lambda u: u.amax(1), i)
+    check_op(lambda u: u.max(0), i)
+    check_op(torch.argmin, i)
+    check_op(lambda u: u.sum(0), i.to(torch.int8))
+    with pytest.raises(RuntimeError, match="does not support bool"):
+        b.to("neuron").argmax()
+    check_op(lambda u: u.t().sum(0, dtype=torch.float32), i)
+    check_op(lambda u: u.mean(dtype=torch.float32), i)
+    check_op(lambda u: u.sum(dtype=torch.int64), torch.randn(5, 3) * 4)
+    check_op(lambda u: u.sum(1, dtype=torch.float32), torch.randn(5, 3).bfloat16())
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0")
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_var_std(dtype, seed):
+    for x in _inputs(dtype).values():
+        check_op(torch.var, x)
+        check_op(lambda t: t.std(1), x)
+        check_op(lambda t: t.var((0, 2), correction=0, keepdim=True), x)
+        check_op(lambda t: torch.var_mean(t, -1, correction=2), x)
+        check_op(lambda t: torch.std_mean(t, (0, 1)), x)
+    one = torch.randn(3, 1).to(dtype)
+    check_op(lambda t: t.var(1), one)  # n - correction == 0: NaN, as on CPU
+
+
+def test_var_large_offset_is_accurate():
+    x = torch.randn(1000) * 0.01 + 1000.0  # a naive sum of squares would lose all digits
+    check_op(torch.var, x, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_prod_any_all_count(dtype, seed):
+    x = (torch.rand(5, 6) + 0.5).to(dtype)
+    check_op(torch.prod, x)
+    check_op(lambda t: t.prod(-1, keepdim=True), x.t())
+    z = torch.randint(0, 3, (4, 5)).to(dtype)
+    check_op(torch.any, z)
+    check_op(torch.all, z)
+    check_op(lambda t: t.any(1), z)
+    check_op(lambda t: t.all(-2, keepdim=True), z)
+    check_op(lambda t: aten.any.dims(t, [0, 1]), z)
+    check_op(lambda t: aten.all.dims(t, []), z)  # no dims: elementwise truth
+    check_op(lambda t: torch.count_nonzero(t, 1), z)
+    check_op(torch.count_nonzero, z)
+
+
+def test_any_all_keep_uint8():
+    u = torch.tensor([[0, 2], [0, 0]], dtype=torch.uint8)
+    check_op(lambda t: t.any(1), u)
+    check_op(torch.all, u)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_logsumexp_and_norms(dtype, seed):
+    x = (torch.randn(4, 9) * 3).to(dtype)
+    check_op(lambda t: t.logsumexp(1), x)
+    check_op(lambda t: t.logsumexp((0, 1), keepdim=True), x.t())
+    for ord in (2, 1, float("inf"), float("-inf"), 0, 3, 0.5):
+        check_op(lambda t: torch.linalg.vector_norm(t, ord), x)
+        check_op(lambda t: torch.linalg.vector_norm(t, ord, dim=0, keepdim=True), x)
+    check_op(lambda t: torch.linalg.vector_norm(t, dtype=torch.float32), x)
+    check_op(lambda t: t.norm(), x)
+    check_op(lambda t: aten.norm.ScalarOpt_dim(t, 1, [1]), x)
+
+
+def test_logsumexp_infinities_and_ints():
+    x = torch.tensor([[float("-inf"), float("-inf")], [float("inf"), 1.0], [2.0, 3.0]])
+    check_op(lambda t: t.logsumexp(1), x)
+    check_op(lambda t: t.logsumexp(0), torch.arange(6).reshape(2, 3))  # ints -> float
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64])
+def test_cumsum_cumprod(dtype, seed):
+    x = (torch.rand(4, 6) + 0.5) * 2
+    x = x.to(dtype)
+    check_op(lambda t: t.cumsum(1), x)
+    check_op(lambda t: t.cumsum(-2), x.t())
+    check_op(lambda t: t.cumprod(0), x[:, ::2])
+    check_op(lambda t: t.cumsum(0, dtype=torch.float32), x)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_sort_topk(dtype, seed):
+    x = torch.randperm(40).reshape(5, 8).to(dtype)  # distinct values: tie order is moot
+    check_op(lambda t: t.sort(), x)
+    check_op(lambda t: t.sort(0, descending=True), x)
+    check_op(lambda t: t.t().sort(-1), x)
+    check_op(lambda t: t.topk(3), x)
+    check_op(lambda t: t.topk(2, 0, largest=False), x)
+    check_op(lambda t: t.argsort(1, descending=True), x)
+
+
+def test_stable_sort_and_nan(seed):
+    ties = torch.randint(0, 4, (3, 20))
+    check_op(lambda t: t.sort(stable=True), ties)
+    check_op(lambda t: t.sort(dim=1, descending=True, stable=True), ties)
+    check_op(lambda t: t.argsort(stable=True), ties.float())
+    nan = torch.tensor([3.0, float("nan"), -1.0, float("inf"), float("nan"), 0.0])
+    check_op(lambda t: t.sort(stable=True), nan)
+    check_op(lambda t: t.sort(descending=True, stable=True), nan)
+    check_op(lambda t: t.topk(3), nan)
+    check_op(lambda t: t.sort(), torch.rand(7) > 0.5)
+
+
+def test_scalars():
+    s = torch.tensor(2.5)
+    for fn in (torch.sum, torch.amax, torch.argmax, torch.prod, torch.any,
+               lambda t: t.max(0), lambda t: t.sum(-1), lambda t: t.cumsum(0),
+               lambda t: t.sort(0), lambda t: t.topk(1), lambda t: t.logsumexp(0)):
+        check_op(fn, s)
+
+
+def test_empty_inputs():
+    e = torch.empty(0, 3)
+    check_op(torch.sum, e)  # 0
+    check_op(lambda t: t.sum(0), e)  # zeros(3)
+    check_op(torch.prod, e)  # 1
+    check_op(lambda t: t.amax(1), e)  # shape [0]
+    check_op(lambda t: t.logsumexp(0), e)  # -inf
+    check_op(lambda t: t.cumsum(0), e)
+    check_op(lambda t: t.sort(1), e)
+    check_op(torch.any, e)
+    for fn, err in [(torch.amax, RuntimeError), (lambda t: t.amax(0), IndexError),
+                    (torch.max, RuntimeError), (lambda t: t.max(0), IndexError),
+                    (torch.argmax, IndexError)]:
+        with pytest.raises(err) as cpu_err:
+            fn(e)
+        with pytest.raises(err, match=re.escape(str(cpu_err.value))):
+            fn(e.to("neuron"))
+
+
+def test_errors_match_cpu():
+    x = torch.randn(3, 4)
+    i = torch.arange(6)
+    for fn in [lambda t: t.sum(2), lambda t: t.sum((0, -2)), lambda t: t.amax(-3),
+               lambda t: t.topk(5), lambda t: t.max(4)]:
+        with pytest.raises((IndexError, RuntimeError)) as cpu_err:
+            fn(x)
+        with pytest.raises(cpu_err.type, match=re.escape(str(cpu_err.value))):
+            fn(x.to("neuron"))
+    for fn in [torch.mean, torch.var, torch.linalg.vector_norm]:
+        with pytest.raises(RuntimeError) as cpu_err:
+            fn(i)
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu_err.value))):
+            fn(i.to("neuron"))
+
+
+def test_out_arguments(seed):
+    x = torch.randn(4, 5)
+    d = x.to("neuron")
+    out = torch.empty(4).to("neuron")
+    torch.sum(d, 1, out=out)
+    torch.testing.assert_close(out.cpu(), x.sum(1))
+    values, indices = torch.empty(5).to("neuron"), torch.empty(5, dtype=torch.long).to("neuron")
+    torch.max(d, 0, out=(values, indices))
+    expected = x.max(0)
+    torch.testing.assert_close(values.cpu(), expected.values)
+    torch.testing.assert_close(indices.cpu(), expected.indices)
+
+
+def test_bf16_rounds_once(seed):
+    x = torch.randn(4096).bfloat16()
+    # accumulate the bf16 values in fp32, round the total once
+    expected = x.float().sum().bfloat16()
+    assert torch.equal(x.to("neuron").sum().cpu(), expected)
+
+
+def test_long_rows_stay_accurate(seed):
+    x = torch.randn(3, 100_000)
+    check_op(lambda t: t.sum(1), x, rtol=1e-5, atol=1e-3)
+    check_op(lambda t: t.mean(1), x)
+    columns = torch.randn(100_000, 3)  # summed column by column, memory read in order
+    check_op(lambda t: t.sum(0), columns, rtol=1e-5, atol=1e-3)
+
+
+def test_gradients(seed):
+    x = torch.randn(4, 6, requires_grad=True)
+    check_op(lambda t: t.sum(1), x, grad=True)
+    check_op(lambda t: t.t().mean(0, keepdim=True), x, grad=True)
+    check_op(lambda t: t.amax(1), x, grad=True)
+    check_op(lambda t: t.var(0), x, grad=True)
+    check_op(lambda t: t.logsumexp(1), x, grad=True)
+    check_op(lambda t: torch.linalg.vector_norm(t, dim=1), x, grad=True)
+    check_op(lambda t: t.cumsum(1), x, grad=True)
+
+
+def test_launches_run_on_vector_engine(seed):
+    core = neuron_eager.device_sim.core
+    x = torch.randn(8, 16).to("neuron")
+    core.reset_counters()
+    x.sum(1)
+    x.amax(0)
+    x.var(1)
+    assert core.launches_by_engine["vector"] == 3
+    assert core.elements_by_engine["vector"] == 3 * x.numel()

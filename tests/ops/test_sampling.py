@@ -1,0 +1,178 @@
+"""Random sampling (ops/sampling.py): reproducibility, statistics, errors, no fallback."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_eager
+from checks import NEURON
+
+N = 200_000
+
+
+def _host(t):
+    return t.cpu().double()
+
+
+def _samplers():
+    return {
+        "rand": lambda: torch.rand(64, device=NEURON),
+        "randn_bf16": lambda: torch.randn(64, device=NEURON, dtype=torch.bfloat16),
+        "randint": lambda: torch.randint(-5, 5, (64,), device=NEURON),
+        "randperm": lambda: torch.randperm(64, device=NEURON),
+        "normal": lambda: torch.normal(torch.zeros(64, device=NEURON), 2.0),
+        "bernoulli": lambda: torch.bernoulli(torch.full((64,), 0.3, device=NEURON)),
+        "exponential": lambda: torch.empty(64, device=NEURON).exponential_(),
+        "dropout": lambda: F.dropout(torch.ones(64, device=NEURON), 0.5),
+        "multinomial": lambda: torch.multinomial(torch.ones(64, device=NEURON), 8),
+        "multinomial_r": lambda: torch.multinomial(torch.ones(3, 8, device=NEURON), 5, True),
+        "randn_like": lambda: torch.randn_like(torch.empty(8, device=NEURON)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_samplers()))
+def test_reproducible_and_native(name):
+    fn = _samplers()[name]
+    cpu_state = torch.get_rng_state()
+    torch.neuron.manual_seed(123)
+    first = fn().cpu()
+    torch.neuron.manual_seed(123)
+    neuron_eager.clear_op_tracking()
+    again = fn().cpu()
+    assert neuron_eager.get_fallback_ops() == {}
+    assert torch.equal(first, again)
+    torch.neuron.manual_seed(124)
+    assert not torch.equal(first, fn().cpu())
+    assert torch.equal(torch.get_rng_state(), cpu_state)  # the CPU generator is untouched
+
+
+def test_rng_state_roundtrip():
+    torch.neuron.manual_seed(7)
+    state = torch.neuron.get_rng_state()
+    a = torch.randn(10, device=NEURON).cpu()
+    torch.neuron.set_rng_state(state)
+    assert torch.equal(a, torch.randn(10, device=NEURON).cpu())
+    assert not torch.equal(a, torch.randn(10, device=NEURON).cpu())  # the offset advanced
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_uniform_and_normal_statistics(dtype, seed):
+    u = _host(torch.rand(N, device=NEURON, dtype=dtype))
+    assert 0 <= u.min() and u.max() < 1
+    assert abs(u.mean() - 0.5) < 0.01 and abs(u.std() - 1 / math.sqrt(12)) < 0.01
+    v = _host(torch.empty(N, device=NEURON, dtype=dtype).uniform_(-3, 5))
+    assert -3 <= v.min() and v.max() < 5 and abs(v.mean() - 1) < 0.05
+    z = _host(torch.randn(N, device=NEURON, dtype=dtype))
+    assert abs(z.mean()) < 0.02 and abs(z.std() - 1) < 0.02
+    assert abs((z.abs() < 1).double().mean() - 0.6827) < 0.01  # the shape, not just moments
+    w = _host(torch.empty(N, device=NEURON, dtype=dtype).normal_(2, 0.5))
+    assert abs(w.mean() - 2) < 0.01 and abs(w.std() - 0.5) < 0.01
+    e = _host(torch.empty(N, device=NEURON, dtype=dtype).exponential_(4))
+    assert e.min() >= 0 and abs(e.mean() - 0.25) < 0.01
+
+
+def test_strided_inplace_and_storer(seed):
+    x = torch.zeros(300, 400, device=NEURON)
+    x.t()[:, ::2].uniform_(1, 2)
+    host = x.cpu()
+    assert (host[::2] >= 1).all() and (host[1::2] == 0).all()
+    b = torch.rand(1000, device=NEURON, dtype=torch.bfloat16).cpu()
+    assert torch.equal(b, b.float().bfloat16())  # representable bf16 values
+
+
+def test_normal_functional_forms(seed):
+    mean = torch.linspace(-2, 2, N, device=NEURON)
+    std = torch.full((N,), 0.5, device=NEURON)
+    for out, m, s in [(torch.normal(mean, 0.5), mean, 0.5),
+                      (torch.normal(1.0, std), 1.0, 0.5),
+                      (torch.normal(mean, std), mean, 0.5),
+                      (torch.normal(3.0, 2.0, (N,), device=NEURON), 3.0, 2.0)]:
+        assert out.device.type == "neuron" and out.shape == (N,)
+        resid = _host(out - m)
+        assert abs(resid.mean()) < 0.02 and abs(resid.std() - s) < 0.02
+    assert torch.normal(mean[:3].bfloat16(), 1.0).dtype == torch.bfloat16
+    assert torch.normal(torch.zeros(3, device=NEURON), torch.ones(2, 3, device=NEURON)).shape \
+        == (2, 3)
+
+
+def test_bernoulli(seed):
+    for p in (0.0, 0.2, 1.0):
+        b = _host(torch.empty(N, device=NEURON).bernoulli_(p))
+        assert abs(b.mean() - p) < 0.01 and set(b.unique().tolist()) <= {0.0, 1.0}
+    probs = torch.rand(N)
+    b = _host(torch.bernoulli(probs.to(NEURON)))
+    assert abs(b.mean() - probs.double().mean()) < 0.01
+    assert abs(b[probs.double() < 0.1].mean() - 0.05) < 0.01
+    t = torch.empty(N, device=NEURON, dtype=torch.bool).bernoulli_(torch.tensor(0.7))
+    assert abs(_host(t).mean() - 0.7) < 0.01
+    assert abs(_host(torch.ops.aten.bernoulli.p(torch.empty(N, device=NEURON), 0.4)).mean()
+               - 0.4) < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout(dtype, seed):
+    x = torch.randn(400, 500, dtype=dtype).to(NEURON).requires_grad_()
+    p = 0.3
+    out = F.dropout(x, p)
+    kept = out.detach().cpu() != 0
+    assert abs(kept.double().mean() - (1 - p)) < 0.01
+    expected = (x.detach().cpu().float() / (1 - p)).to(dtype)
+    torch.testing.assert_close(out.detach().cpu()[kept], expected[kept])
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(x.grad.cpu(), (kept.float() / (1 - p)).to(dtype))
+    assert torch.equal(F.dropout(x, p, training=False).detach().cpu(), x.detach().cpu())
+    assert (F.dropout(x, 1.0).detach().cpu() == 0).all()
+    y, mask = torch.ops.aten.native_dropout(x.detach(), 0.5, False)
+    assert torch.equal(y.cpu(), x.detach().cpu()) and mask.cpu().all()
+
+
+def test_integers(seed):
+    r = _host(torch.randint(3, 10, (N,), device=NEURON))
+    assert r.min() == 3 and r.max() == 9 and abs(r.mean() - 6) < 0.05
+    for dtype, hi in [(torch.uint8, 255), (torch.int8, 127), (torch.bfloat16, 256),
+                      (torch.float32, 2 ** 24), (torch.bool, 1)]:
+        v = _host(torch.empty(N, device=NEURON, dtype=dtype).random_())
+        assert v.min() >= 0 and v.max() <= hi and v.max() > hi * 0.99
+    big = torch.empty(N, device=NEURON, dtype=torch.int64).random_(-2 ** 40, 2 ** 40).cpu()
+    assert big.min() < -2 ** 39 and big.max() > 2 ** 39
+    assert _host(torch.empty(N, device=NEURON).random_(5)).max() == 4
+    assert torch.randint_like(torch.empty(9, device=NEURON), 2, 4).cpu().unique().tolist() \
+        == [2.0, 3.0]
+    perm = torch.randperm(1000, device=NEURON)
+    assert perm.dtype == torch.int64 and torch.equal(perm.cpu().sort().values, torch.arange(1000))
+    assert torch.randperm(5, device=NEURON, dtype=torch.float32).dtype == torch.float32
+    out = torch.empty(0, dtype=torch.int64, device=NEURON)
+    torch.randperm(7, out=out)
+    assert torch.equal(out.cpu().sort().values, torch.arange(7))
+
+
+def test_multinomial(seed):
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    draws = torch.multinomial(probs.to(NEURON), N, replacement=True).cpu()
+    freq = torch.bincount(draws, minlength=4).double() / N
+    torch.testing.assert_close(freq, probs.double(), atol=0.01, rtol=0)
+    rows = torch.multinomial(torch.rand(50, 20).to(NEURON) + 0.01, 20).cpu()
+    assert all(torch.equal(r.sort().values, torch.arange(20)) for r in rows)
+    first = torch.multinomial(torch.tensor([[1.0, 1, 8]] * 20000).to(NEURON), 1).cpu()
+    assert abs((first == 2).double().mean() - 0.8) < 0.01  # without replacement: ~ p
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.empty(3, device=d).uniform_(1, 0),
+    lambda d: torch.empty(3, device=d).normal_(0, -1),
+    lambda d: torch.normal(torch.zeros(3, device=d), -torch.ones(3, device=d)),
+    lambda d: torch.empty(3, device=d).bernoulli_(1.5),
+    lambda d: torch.empty(3, device=d).exponential_(-1),
+    lambda d: torch.empty(3, device=d).random_(5, 2),
+    lambda d: torch.multinomial(torch.tensor([1.0, 0, 0], device=d), 4),
+    lambda d: torch.multinomial(torch.tensor([-1.0, 0, 0], device=d), 2),
+    lambda d: torch.multinomial(torch.zeros(3, device=d), 2, True),
+    lambda d: torch.empty(3, device=d, dtype=torch.int64).uniform_(),
+])
+def test_errors_match_cpu(fn):
+    with pytest.raises(Exception) as cpu:
+        fn("cpu")
+    with pytest.raises(type(cpu.value)) as ours:
+        fn(NEURON)
+    assert str(ours.value).split("\n")[0] == str(cpu.value).split("\n")[0]

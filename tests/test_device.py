@@ -1,0 +1,93 @@
+"""Registration: the device name, torch.neuron, torch.accelerator, generated methods."""
+import pytest
+import torch
+
+import neuron_eager
+
+
+def test_device_is_registered():
+    assert torch._C._get_privateuse1_backend_name() == "neuron"
+    assert torch.device("neuron").type == "neuron"
+    assert torch.neuron is neuron_eager.device
+    assert torch.neuron.is_available() and torch.neuron.is_initialized()
+    assert torch.neuron.device_count() == 1 and torch.neuron.current_device() == 0
+
+
+def test_accelerator_answers_for_neuron():
+    assert torch.accelerator.current_accelerator() == torch.device("neuron")
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() == 1
+    torch.accelerator.synchronize()
+    base = torch.accelerator.memory_allocated()
+    x = torch.empty(1000, device="neuron")
+    assert torch.accelerator.memory_allocated() >= base + 4000
+    assert torch.accelerator.memory_allocated() == torch.neuron.memory_allocated()
+    del x
+
+
+def test_generated_methods():
+    t = torch.arange(3.0).neuron()
+    assert t.device == torch.device("neuron", 0) and t.is_neuron
+    module = torch.nn.Linear(2, 2).neuron()
+    assert all(p.device.type == "neuron" for p in module.parameters())
+
+
+def test_device_functions():
+    props = torch.neuron.get_device_properties(0)
+    assert props.total_memory == neuron_eager.device_sim.core.hbm.capacity
+    assert "NeuronCore" in props.name and "NeuronCore" in torch.neuron.get_device_name()
+    torch.neuron.set_device(0)
+    torch.neuron.set_device("neuron:0")
+    with torch.neuron.device(0):
+        pass
+    with pytest.raises(RuntimeError, match="does not exist"):
+        torch.neuron.set_device(1)
+    torch.neuron.synchronize()
+    assert torch.neuron.get_amp_supported_dtype() == [torch.float32, torch.float16,
+                                                      torch.bfloat16]
+    assert torch.neuron.is_bf16_supported()
+
+
+def test_default_chip_is_a_trn2_core_share():
+    spec = neuron_eager.device_sim.core.spec
+    assert spec.name == "trn2"
+    assert spec.hbm_per_core == 96 * 2**30 // 8
+
+
+def test_rng_functions_roundtrip():
+    torch.neuron.manual_seed(123)
+    assert torch.neuron.initial_seed() == 123
+    state = torch.neuron.get_rng_state()
+    assert state.dtype == torch.uint8 and state.device.type == "cpu"
+    a = torch.rand(5, device="neuron").cpu()
+    torch.neuron.set_rng_state(state)
+    b = torch.rand(5, device="neuron").cpu()
+    assert torch.equal(a, b)
+    torch.neuron.manual_seed_all(7)
+    assert torch.neuron.initial_seed() == 7
+    torch.neuron.seed()
+    torch.neuron.seed_all()
+
+
+def test_manual_seed_reproduces_and_leaves_cpu_generator_alone():
+    torch.manual_seed(0)
+    cpu_state = torch.get_rng_state()
+    torch.neuron.manual_seed(42)
+    a = torch.randn(100, device="neuron").cpu()
+    torch.neuron.manual_seed(42)
+    b = torch.randn(100, device="neuron").cpu()
+    assert torch.equal(a, b)
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    torch.neuron.manual_seed(43)
+    assert not torch.equal(torch.randn(100, device="neuron").cpu(), a)
+
+
+def test_op_tracking():
+    neuron_eager.clear_op_tracking()
+    x = torch.ones(4, device="neuron")
+    (x + x).cpu()
+    executed = neuron_eager.get_executed_ops()
+    assert executed.get("aten::add.Tensor") == 1
+    assert neuron_eager.get_fallback_ops() == {}
+    neuron_eager.clear_op_tracking()
+    assert neuron_eager.get_executed_ops() == {}

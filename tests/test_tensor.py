@@ -1,0 +1,256 @@
+"""NeuronTensor behaviour a PyTorch user relies on, compared with the CPU."""
+import copy
+import io
+import warnings
+
+import pytest
+import torch
+
+import neuron_eager
+from checks import check_op
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int16,
+          torch.int32, torch.int64, torch.uint8, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_roundtrip_and_conversions(dtype):
+    src = (torch.randn(3, 5) * 10).to(dtype)
+    x = src.to("neuron")
+    assert x.device == torch.device("neuron", 0) and x.dtype == dtype
+    assert torch.equal(x.cpu(), src)
+    assert x.tolist() == src.tolist()
+    assert x[1, 2].item() == src[1, 2].item()
+    for target in [torch.float32, torch.bfloat16, torch.int32, torch.bool]:
+        torch.testing.assert_close(x.to(target).cpu(), src.to(target), rtol=0, atol=0)
+
+
+def test_16_bit_conversions_are_bit_exact_including_specials():
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-42,
+                             65504.0, 65520.0, 70000.0, 3.0e-8, 6.0e-5, 1.0 + 2**-8, 1.0 + 3 * 2**-9,
+                             3.4e38, -1.17e-38])
+    values = torch.cat([specials, torch.randn(5000) * torch.logspace(-30, 30, 5000)])
+    for dtype in (torch.bfloat16, torch.float16):
+        got = values.to("neuron").to(dtype).cpu()
+        want = values.to(dtype)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), dtype
+        back = want.to("neuron").float().cpu()
+        assert torch.equal(back.view(torch.int32), want.float().view(torch.int32)), dtype
+
+
+def test_factories():
+    dev = "neuron"
+    assert torch.equal(torch.zeros(2, 3, device=dev).cpu(), torch.zeros(2, 3))
+    assert torch.equal(torch.ones(4, dtype=torch.int32, device=dev).cpu(),
+                       torch.ones(4, dtype=torch.int32))
+    assert torch.equal(torch.full((2,), 7.5, device=dev).cpu(), torch.full((2,), 7.5))
+    for args in [(5,), (2, 9), (0, 1, 0.1), (-3.0, 4.0, 0.5)]:
+        assert torch.equal(torch.arange(*args, device=dev).cpu(), torch.arange(*args))
+    for args in [(0, 1, 7), (-2, 5, 1), (3, -3, 100)]:
+        assert torch.equal(torch.linspace(*args, device=dev).cpu(), torch.linspace(*args))
+    assert torch.equal(torch.eye(3, 4, device=dev).cpu(), torch.eye(3, 4))
+    assert torch.equal(torch.tensor([[1, 2], [3, 4]], device=dev).cpu(),
+                       torch.tensor([[1, 2], [3, 4]]))
+    assert torch.empty(2, 3, device=dev).shape == (2, 3)
+    x = torch.randn(3, 4, device=dev)
+    for fn in [torch.zeros_like, torch.ones_like, torch.empty_like, torch.rand_like,
+               torch.randn_like]:
+        y = fn(x)
+        assert y.device.type == "neuron" and y.shape == x.shape
+    assert torch.equal(torch.full_like(x, 2).cpu(), torch.full((3, 4), 2.0))
+    r = torch.randint(0, 5, (100,), device=dev).cpu()
+    assert r.dtype == torch.int64 and 0 <= r.min() and r.max() < 5
+    assert torch.rand(2, 2, device=dev).device.type == "neuron"
+    with pytest.raises(RuntimeError):
+        torch.arange(0, 10, -1, device=dev)
+
+
+def test_repr_matches_pytorch_format():
+    cases = [torch.tensor([1.5, -2.0]), torch.tensor([[1, 2], [3, 4]]),
+             torch.tensor([0.25], dtype=torch.bfloat16), torch.tensor(3.0), torch.empty(0, 3),
+             torch.tensor([True, False]), torch.arange(2000.0)]
+    for t in cases:
+        want = repr(t)[:-1] + ", device='neuron:0')"
+        if "dtype=" in want or "size=" in want:
+            head, _, tail = repr(t).rpartition(")")[0].partition(", ")
+            want = f"{head}, device='neuron:0', {tail})" if tail else want
+        assert repr(t.to("neuron")) == want
+    p = torch.nn.Parameter(torch.ones(2).to("neuron"))
+    assert repr(p) == "Parameter containing:\ntensor([1., 1.], device='neuron:0', requires_grad=True)"
+    y = p * 2
+    assert repr(y).endswith("grad_fn=<MulBackward0>)")
+    assert f"{torch.tensor(1.23456).to('neuron'):.2f}" == "1.23"
+    print(torch.randn(2, 3).to("neuron"))  # the user's first thing: must not raise
+
+
+def test_numpy_refuses_like_cuda():
+    x = torch.ones(2).to("neuron")
+    with pytest.raises(TypeError, match=r"Use Tensor.cpu\(\)"):
+        x.numpy()
+    assert x.cpu().numpy().tolist() == [1.0, 1.0]
+
+
+def test_views_alias_their_base():
+    base = torch.zeros(4, 6).to("neuron")
+    v1, v2 = base[1], base.t()[2:4]
+    v1.fill_(1.0)
+    v2.add_(5.0)
+    expect = torch.zeros(4, 6)
+    expect[1] = 1.0
+    expect.t()[2:4] += 5.0
+    assert torch.equal(base.cpu(), expect)
+    flat = base.view(-1)
+    flat[0] = 9.0
+    assert base[0, 0].item() == 9.0
+    a, b = base.unbind(0)[:2]
+    assert a.untyped_storage is not None and b[2].item() == expect[1, 2]
+    assert base.expand(2, 4, 6).shape == (2, 4, 6)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        base.t().view(-1)
+
+
+def test_inplace_metadata_ops():
+    check_op(lambda x: x.clone().t_() + 1, torch.randn(3, 4))
+    check_op(lambda x: x.clone().unsqueeze_(0).squeeze_(0).transpose_(0, 1), torch.randn(3, 4))
+    x = torch.arange(6.0).to("neuron")
+    x.resize_(2, 3)
+    assert x.shape == (2, 3) and x.cpu().tolist() == [[0, 1, 2], [3, 4, 5]]
+    x.resize_(4, 4)
+    assert x.shape == (4, 4) and x.flatten()[:6].cpu().tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_parameters_state_dict_save_load_deepcopy():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to("neuron")
+    for p in model.parameters():
+        assert isinstance(p, torch.nn.Parameter) and p.device.type == "neuron"
+    sd = model.state_dict()
+    assert all(v.device.type == "neuron" for v in sd.values())
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)  # weights_only=True, the default
+    for k in sd:
+        assert loaded[k].device.type == "neuron" and torch.equal(loaded[k].cpu(), sd[k].cpu())
+    twin = torch.nn.Linear(4, 3)
+    twin.load_state_dict({k: v.cpu() for k, v in sd.items()})
+    clone = copy.deepcopy(model)
+    for a, b in zip(clone.parameters(), model.parameters()):
+        assert isinstance(a, torch.nn.Parameter) and a.device.type == "neuron"
+        assert torch.equal(a.cpu(), b.cpu())
+        a.data.add_(1.0)
+        assert not torch.equal(a.cpu(), b.cpu())
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    whole = torch.load(buf, weights_only=False)
+    assert isinstance(whole.weight, torch.nn.Parameter) and whole.weight.device.type == "neuron"
+    fresh = torch.nn.Linear(4, 3).to("neuron")
+    fresh.load_state_dict(sd)
+    assert torch.equal(fresh.weight.cpu(), model.weight.cpu())
+
+
+def test_autograd_basics():
+    check_op(lambda x, y: x * y + x, torch.randn(3, requires_grad=True),
+             torch.randn(3, requires_grad=True), grad=True)
+    x = torch.randn(3).to("neuron").requires_grad_()
+    (x * 3).backward(torch.ones(3).to("neuron"))
+    assert x.grad.device.type == "neuron"
+    torch.testing.assert_close(x.grad.cpu(), torch.full((3,), 3.0))
+    cpu = torch.randn(3, requires_grad=True)
+    moved = cpu.to("neuron")
+    (moved * 2).backward(torch.ones(3).to("neuron"))
+    assert cpu.grad is not None and torch.equal(cpu.grad, torch.full((3,), 2.0))
+
+
+def test_mixing_devices_raises_like_cuda():
+    x = torch.ones(3).to("neuron")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3) * x
+    assert torch.equal((x + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))  # CPU scalars mix
+    assert x.cpu().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_unsupported_layouts_and_dtypes_are_refused_clearly():
+    with pytest.raises(NotImplementedError, match="sparse tensors are not supported on neuron"):
+        torch.eye(3).to_sparse().to("neuron")
+    with pytest.raises(NotImplementedError, match="sparse tensors are not supported on neuron"):
+        torch.eye(3).to_sparse_csr().to("neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(NotImplementedError, match="nested tensors are not supported on neuron"):
+        nested.to("neuron")
+    with pytest.raises(TypeError, match="complex"):
+        torch.ones(2, dtype=torch.complex64).to("neuron")
+    with pytest.raises(TypeError, match="complex"):
+        torch.zeros(2, dtype=torch.complex64, device="neuron")
+
+
+def test_float64_warns_once_and_computes_in_float32():
+    neuron_eager.ops.copy._float64_warned = False
+    with pytest.warns(UserWarning, match="float64 on neuron"):
+        x = torch.tensor([1.0, 1e-10], dtype=torch.float64).to("neuron")
+    y = (x + 1.0).cpu()
+    assert y.dtype == torch.float64
+    assert y[1].item() == 1.0  # 1 + 1e-10 rounds to 1 in float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.ones(2, dtype=torch.float64).to("neuron")  # once only
+
+
+def test_int64_is_computed_in_32_bits():
+    x = torch.tensor([2**31 - 1, 5]).to("neuron")
+    y = (x + 1).cpu()
+    assert y.dtype == torch.int64
+    assert y.tolist() == [-(2**31), 6]  # wraps like int32, as on Trainium
+
+
+def test_fallback_warns_counts_and_can_be_switched_off():
+    op = torch.ops.aten.special_i0e.default  # rarely implemented: a stable fallback example
+    x = torch.rand(4) + 0.5
+    neuron_eager.clear_op_tracking()
+    with pytest.warns(UserWarning, match=r"Operator 'aten::special_i0e' fell back to CPU"):
+        y = op(x.to("neuron"))
+    assert y.device.type == "neuron"
+    torch.testing.assert_close(y.cpu(), op(x))
+    assert neuron_eager.get_fallback_ops() == {"aten::special_i0e": 1}
+    neuron_eager.config.cpu_fallback = False
+    before = x.to("neuron")
+    with pytest.raises(NotImplementedError, match="aten::special_i0e.*NEURON_EAGER_CPU_FALLBACK"):
+        op(before)
+    assert torch.equal(before.cpu(), x)
+
+
+def test_fallback_inplace_writes_reach_the_device():
+    op = torch.ops.aten.special_i0e.out
+    x = torch.rand(4) + 0.5
+    out = torch.zeros(4).to("neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = op(x.to("neuron"), out=out)
+    assert r is out
+    torch.testing.assert_close(out.cpu(), torch.special.i0e(x))
+
+
+def test_optimizers_take_their_foreach_path():
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    params = [torch.nn.Parameter(torch.ones(3).to("neuron"))]
+    fused, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+    assert foreach and not fused
+    params[0].grad = torch.ones(3).to("neuron")
+    neuron_eager.clear_op_tracking()
+    torch.optim.AdamW(params, lr=0.1).step()
+    assert any(name.startswith("aten::_foreach_") for name in neuron_eager.get_executed_ops())
+
+
+def test_view_scatter_ops():
+    x, src = torch.randn(4, 5), torch.randn(5)
+    check_op(lambda a, s: torch.select_scatter(a, s, 0, 2), x, src)
+    check_op(lambda a, s: torch.slice_scatter(a, s, 1, 1, 5, 2), x, torch.randn(4, 2))
+    check_op(lambda a, s: torch.diagonal_scatter(a, s), x, torch.randn(4))
+    check_op(lambda a, s: torch.as_strided_scatter(a, s, (2, 2), (5, 1), 3), x,
+             torch.randn(2, 2))
