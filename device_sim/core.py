@@ -6,8 +6,6 @@ read to prove that the device, not the host, did the work.
 """
 from __future__ import annotations
 
-from collections import Counter
-
 from neuron_eager.device_sim.config import config
 from neuron_eager.device_sim.hbm import CachingAllocator
 from neuron_eager.device_sim.spec import CHIPS, ChipSpec
@@ -20,22 +18,22 @@ class NeuronCore:
         self.spec = spec
         self.hbm = CachingAllocator(hbm_bytes if hbm_bytes is not None else spec.hbm_per_core)
         self.kernels_launched = 0
-        self.launches_by_engine: Counter[str] = Counter()
-        self.elements_by_engine: Counter[str] = Counter()
         self.hbm_bytes_moved = 0
+        self.launches_by_engine: dict[str, int] = dict.fromkeys(ENGINES, 0)
+        self.elements_by_engine: dict[str, int] = dict.fromkeys(ENGINES, 0)
 
     def launch(self, engine: str, elements: int, nbytes: int) -> None:
         """Account one kernel launch: its engine, the elements it computed, HBM bytes moved."""
         self.kernels_launched += 1
+        self.hbm_bytes_moved += nbytes
         self.launches_by_engine[engine] += 1
         self.elements_by_engine[engine] += elements
-        self.hbm_bytes_moved += nbytes
 
     def reset_counters(self) -> None:
         self.kernels_launched = 0
-        self.launches_by_engine.clear()
-        self.elements_by_engine.clear()
         self.hbm_bytes_moved = 0
+        self.launches_by_engine.update(dict.fromkeys(ENGINES, 0))
+        self.elements_by_engine.update(dict.fromkeys(ENGINES, 0))
 
 
 def _make_core() -> NeuronCore:

@@ -68,26 +68,13 @@ class Block:
         return "small_pool" if self.size < SMALL_LIMIT else "large_pool"
 
 
-class _Stat:
-    __slots__ = ("current", "peak", "allocated", "freed")
-
-    def __init__(self):
-        self.current = self.peak = self.allocated = self.freed = 0
-
-    def add(self, n: int):
-        self.current += n
-        self.allocated += n
-        if self.current > self.peak:
-            self.peak = self.current
-
-    def sub(self, n: int):
-        self.current -= n
-        self.freed += n
-
-
 # Tracked per pool; "active" equals "allocated" here because blocks are never split.
 _METRICS = ("allocated_bytes", "reserved_bytes", "requested_bytes", "allocation", "segment")
 _POOLS = ("all", "small_pool", "large_pool")
+# Live counters, per pool (0 = large, 1 = small), in a flat list for the hot path:
+# allocated bytes, requested bytes, allocations; each as (current, cumulative, peak).
+_LIVE = ("allocated_bytes", "requested_bytes", "allocation")
+_FIELDS = 9
 
 
 class CachingAllocator:
@@ -103,16 +90,15 @@ class CachingAllocator:
         self._lock = threading.Lock()
         self._cache: dict[int, list[Block]] = defaultdict(list)
         self._next_address = 0x1000
-        self._stats = {(m, p): _Stat() for m in _METRICS for p in _POOLS}
+        self._live = [0] * (2 * _FIELDS)  # see _LIVE
+        self._live_peak_all = [0, 0, 0]  # peaks of the pool sums
+        # per pool: reserved bytes, segments, and the peaks of both
+        self._segments = [[0, 0, 0, 0], [0, 0, 0, 0]]
+        self._segments_cum = [[0, 0], [0, 0]]  # per pool: bytes reserved ever, segments ever
+        self._reserved_peak_all = 0
+        self._segment_peak_all = 0
         self._counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 0,
                           "num_device_free": 0}
-        # (allocated_bytes, requested_bytes, allocation) of "all" and of the block's pool,
-        # indexed by "is the block small": the hot path updates these six counters only.
-        self._live_stats = {
-            small: [[self._stats[m, p] for m in ("allocated_bytes", "requested_bytes",
-                                                 "allocation")]
-                    for p in ("all", "small_pool" if small else "large_pool")]
-            for small in (False, True)}
 
     # -- public interface -------------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:
@@ -125,19 +111,28 @@ class CachingAllocator:
                 block = self._new_block(size, nbytes)
             block.requested = nbytes
             block.in_use = True
-            for allocated, requested, count in self._live_stats[size < SMALL_LIMIT]:
-                allocated.current += size
-                allocated.allocated += size
-                if allocated.current > allocated.peak:
-                    allocated.peak = allocated.current
-                requested.current += nbytes
-                requested.allocated += nbytes
-                if requested.current > requested.peak:
-                    requested.peak = requested.current
-                count.current += 1
-                count.allocated += 1
-                if count.current > count.peak:
-                    count.peak = count.current
+            v = self._live
+            i = _FIELDS if size < SMALL_LIMIT else 0
+            j = _FIELDS - i
+            v[i] += size
+            v[i + 1] += size
+            if v[i] > v[i + 2]:
+                v[i + 2] = v[i]
+            v[i + 3] += nbytes
+            v[i + 4] += nbytes
+            if v[i + 3] > v[i + 5]:
+                v[i + 5] = v[i + 3]
+            v[i + 6] += 1
+            v[i + 7] += 1
+            if v[i + 6] > v[i + 8]:
+                v[i + 8] = v[i + 6]
+            peaks = self._live_peak_all
+            if v[i] + v[j] > peaks[0]:
+                peaks[0] = v[i] + v[j]
+            if v[i + 3] + v[j + 3] > peaks[1]:
+                peaks[1] = v[i + 3] + v[j + 3]
+            if v[i + 6] + v[j + 6] > peaks[2]:
+                peaks[2] = v[i + 6] + v[j + 6]
             return block
 
     def free(self, block: Block) -> None:
@@ -146,14 +141,11 @@ class CachingAllocator:
                 raise RuntimeError(f"double free of HBM block at {block.address:#x}")
             block.in_use = False
             size = block.size
-            requested_bytes = block.requested
-            for allocated, requested, count in self._live_stats[size < SMALL_LIMIT]:
-                allocated.current -= size
-                allocated.freed += size
-                requested.current -= requested_bytes
-                requested.freed += requested_bytes
-                count.current -= 1
-                count.freed += 1
+            v = self._live
+            i = _FIELDS if size < SMALL_LIMIT else 0
+            v[i] -= size
+            v[i + 3] -= block.requested
+            v[i + 6] -= 1
             self._cache[size].append(block)
 
     def empty_cache(self) -> None:
@@ -164,72 +156,112 @@ class CachingAllocator:
         """Change the simulated HBM size; fails if more is reserved now than fits."""
         with self._lock:
             self._release_cached()
-            reserved = self._stats["reserved_bytes", "all"].current
+            reserved = self.reserved
             if reserved > capacity:
                 raise ValueError(f"cannot shrink HBM to {format_bytes(capacity)}: "
                                  f"{format_bytes(reserved)} is in use")
             self.capacity = int(capacity)
 
     def stats(self) -> dict[str, int]:
+        """`torch.cuda.memory_stats`-style keys: METRIC.POOL.{current,peak,allocated,freed}."""
         out = {}
-        for (metric, pool), s in self._stats.items():
-            for field in ("current", "peak", "allocated", "freed"):
-                value = getattr(s, field)
-                out[f"{metric}.{pool}.{field}"] = value
-                if metric in ("allocated_bytes", "allocation"):
-                    active = "active_bytes" if metric == "allocated_bytes" else "active"
-                    out[f"{active}.{pool}.{field}"] = value
+        v = self._live
+        for k, metric in enumerate(_LIVE):
+            rows = {}
+            for pool, i in (("large_pool", 0), ("small_pool", _FIELDS)):
+                current, cumulative, peak = v[i + 3 * k], v[i + 3 * k + 1], v[i + 3 * k + 2]
+                rows[pool] = (current, peak, cumulative, cumulative - current)
+            large, small = rows["large_pool"], rows["small_pool"]
+            rows["all"] = (large[0] + small[0], self._live_peak_all[k], large[2] + small[2],
+                           large[3] + small[3])
+            names = [metric] + (["active_bytes"] if metric == "allocated_bytes" else
+                                ["active"] if metric == "allocation" else [])
+            for name in names:
+                for pool, row in rows.items():
+                    for field, value in zip(("current", "peak", "allocated", "freed"), row):
+                        out[f"{name}.{pool}.{field}"] = value
+        for k, metric in enumerate(("reserved_bytes", "segment")):
+            rows = {}
+            for pool, p in (("large_pool", 0), ("small_pool", 1)):
+                current, cumulative = self._segments[p][k], self._segments_cum[p][k]
+                rows[pool] = [current, self._segments[p][2 + k], cumulative, cumulative - current]
+            large, small = rows["large_pool"], rows["small_pool"]
+            rows["all"] = [large[0] + small[0],
+                           self._reserved_peak_all if k == 0 else self._segment_peak_all,
+                           large[2] + small[2], large[3] + small[3]]
+            for pool, row in rows.items():
+                for field, value in zip(("current", "peak", "allocated", "freed"), row):
+                    out[f"{metric}.{pool}.{field}"] = value
         out.update(self._counters)
         return dict(sorted(out.items()))
 
     def reset_peak_stats(self) -> None:
-        for s in self._stats.values():
-            s.peak = s.current
+        v = self._live
+        for i in (0, _FIELDS):
+            for k in range(3):
+                v[i + 3 * k + 2] = v[i + 3 * k]
+        for k in range(3):
+            self._live_peak_all[k] = v[3 * k] + v[_FIELDS + 3 * k]
+        for p in (0, 1):
+            self._segments[p][2:] = self._segments[p][:2]
+        self._reserved_peak_all = self.reserved
+        self._segment_peak_all = self._segments[0][1] + self._segments[1][1]
 
     def reset_accumulated_stats(self) -> None:
-        for s in self._stats.values():
-            s.allocated = s.freed = 0
+        v = self._live
+        for i in (0, _FIELDS):
+            for k in range(3):
+                v[i + 3 * k + 1] = v[i + 3 * k]  # cumulative := current, so freed reads 0
+        for p in (0, 1):
+            self._segments_cum[p] = [self._segments[p][0], self._segments[p][1]]
         for k in self._counters:
             self._counters[k] = 0
 
     @property
     def allocated(self) -> int:
-        return self._stats["allocated_bytes", "all"].current
+        return self._live[0] + self._live[_FIELDS]
 
     @property
     def reserved(self) -> int:
-        return self._stats["reserved_bytes", "all"].current
+        return self._segments[0][0] + self._segments[1][0]
 
     # -- internals --------------------------------------------------------------------
     def _new_block(self, size: int, requested: int) -> Block:
-        if self._stats["reserved_bytes", "all"].current + size > self.capacity:
+        if self.reserved + size > self.capacity:
             self._counters["num_alloc_retries"] += 1
             self._release_cached()
-            reserved = self._stats["reserved_bytes", "all"].current
-            if reserved + size > self.capacity:
-                self._counters["num_ooms"] += 1
-                allocated = self._stats["allocated_bytes", "all"].current
-                raise OutOfMemory(requested, self.capacity - reserved, self.capacity, allocated,
-                                  reserved)
+            if self.reserved + size > self.capacity:
+                self._raise_oom(requested)
         try:
             block = Block(self._next_address, size)
         except MemoryError:
-            self._counters["num_ooms"] += 1
-            reserved = self._stats["reserved_bytes", "all"].current
-            raise OutOfMemory(requested, self.capacity - reserved, self.capacity,
-                              self._stats["allocated_bytes", "all"].current, reserved) from None
+            self._raise_oom(requested)
         self._next_address += size
         self._counters["num_device_alloc"] += 1
-        for p in ("all", block.pool):
-            self._stats["reserved_bytes", p].add(size)
-            self._stats["segment", p].add(1)
+        seg = self._segments[size < SMALL_LIMIT]
+        cum = self._segments_cum[size < SMALL_LIMIT]
+        seg[0] += size
+        seg[1] += 1
+        seg[2] = max(seg[2], seg[0])
+        seg[3] = max(seg[3], seg[1])
+        cum[0] += size
+        cum[1] += 1
+        self._reserved_peak_all = max(self._reserved_peak_all, self.reserved)
+        self._segment_peak_all = max(self._segment_peak_all,
+                                     self._segments[0][1] + self._segments[1][1])
         return block
+
+    def _raise_oom(self, requested: int):
+        self._counters["num_ooms"] += 1
+        reserved = self.reserved
+        raise OutOfMemory(requested, self.capacity - reserved, self.capacity, self.allocated,
+                          reserved) from None
 
     def _release_cached(self) -> None:
         for blocks in self._cache.values():
             for block in blocks:
                 self._counters["num_device_free"] += 1
-                for p in ("all", block.pool):
-                    self._stats["reserved_bytes", p].sub(block.size)
-                    self._stats["segment", p].sub(1)
+                seg = self._segments[block.size < SMALL_LIMIT]
+                seg[0] -= block.size
+                seg[1] -= 1
         self._cache.clear()

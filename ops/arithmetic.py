@@ -18,18 +18,18 @@ aten = torch.ops.aten
 
 
 def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="default",
-           engine="vector", float_only=False):
+           engine="vector", float_only=False, plain=None):
     """Register `fn` for the given overloads.
 
-    `params` lists (name, default) of the scalar arguments after the operands.
+    `params` lists (name, default) of the scalar arguments after the operands. `plain`, if
+    given, is the same function with every parameter at its default (e.g. add without
+    alpha): calls that pass no parameter use it, one kernel argument fewer.
     """
     op = E.Elementwise(name, njit(fn), len(params), kind, engine, float_only)
-
-    defaults = [default for _, default in params]
+    plain_op = E.Elementwise(name + "_plain", njit(plain), 0, kind, engine, float_only) \
+        if plain is not None else None
 
     def parse(args, kwargs):
-        if not kwargs and len(args) == operands:
-            return args, defaults
         values = []
         for j, (pname, default) in enumerate(params):
             i = operands + j
@@ -39,8 +39,12 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
     if functional:
         @register(*functional)
         def forward(*args, **kwargs):
+            if plain_op is not None and len(args) == operands and not kwargs:
+                return E.run(plain_op, args)
             ops, values = parse(args, kwargs)
             return E.run(op, ops, values)
+
+        forward.checks_devices = True
 
     if inplace:
         @register(*inplace)
@@ -48,14 +52,16 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             ops, values = parse(args, kwargs)
             return E.run(op, ops, values, out=args[0])
 
+        forward_.checks_devices = True
+
     return op
 
 
 # -- binary arithmetic -------------------------------------------------------------------
 define("add", lambda x, y, a: x + a * y, [aten.add.Tensor, aten.add.Scalar],
-       [aten.add_.Tensor, aten.add_.Scalar], params=[("alpha", 1)])
+       [aten.add_.Tensor, aten.add_.Scalar], params=[("alpha", 1)], plain=lambda x, y: x + y)
 define("sub", lambda x, y, a: x - a * y, [aten.sub.Tensor, aten.sub.Scalar],
-       [aten.sub_.Tensor, aten.sub_.Scalar], params=[("alpha", 1)])
+       [aten.sub_.Tensor, aten.sub_.Scalar], params=[("alpha", 1)], plain=lambda x, y: x - y)
 define("rsub", lambda x, y, a: y - a * x, [aten.rsub.Tensor, aten.rsub.Scalar],
        params=[("alpha", 1)])
 define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar],

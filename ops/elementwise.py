@@ -22,7 +22,7 @@ NeuronTensor = T.NeuronTensor
 _promotion_cache: dict = {}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: it keys the fast-path plans
 class Elementwise:
     """An elementwise op: its jitted scalar function and how PyTorch types its result."""
 
@@ -119,34 +119,38 @@ def _run_contiguous(op: Elementwise, operands, params):
     Returns None when the operands need the general path.
     """
     shape = None
-    signature = [op.name, config.stochastic_rounding]
+    signature = [op, config.stochastic_rounding]
     for a in operands:
         kind = type(a)
         if kind is NeuronTensor:
+            key = a._key
+            if key is None:
+                return None
             if shape is None:
-                shape = a.shape
-            elif a.shape != shape:
+                shape = key[0]
+            elif key[0] != shape:
                 return None
-            if not a.is_contiguous():
-                return None
-            signature.append(a.dtype)
+            signature.append(key[1])
         elif kind in _SCALAR_TYPES:
             signature.append(kind)
         else:
             return None
-    if shape is None or not shape:
+    if not shape:
         return None
-    key = tuple(signature)
-    plan = _fast_plans.get(key)
+    signature = tuple(signature)
+    plan = _fast_plans.get(signature)
     if plan is None:
-        plan = _fast_plans[key] = _plan_contiguous(op, operands)
-    kernel, dtype, compute = plan
+        plan = _fast_plans[signature] = _plan_contiguous(op, operands)
+    kernel, dtype, cast = plan
     out = T.new_contiguous(shape, dtype)
-    cast = numerics.SCALAR_CAST[compute]
-    args = [a._nd.reshape(-1) if type(a) is NeuronTensor else cast(a) for a in operands]
-    out_arr = out._nd.reshape(-1)
-    kernel(out_arr, *args, *[cast(p) for p in params])
-    core.launch(op.engine, out_arr.size, out_arr.nbytes * (1 + len(operands)))
+    out_arr = out._flat
+    if params:
+        kernel(out_arr, *[T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands],
+               *[cast(p) for p in params])
+    else:
+        kernel(out_arr, *[T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands])
+    n = out_arr.size
+    core.launch(op.engine, n, n * out_arr.itemsize * (1 + len(operands)))
     return out
 
 
@@ -157,15 +161,22 @@ def _plan_contiguous(op, operands):
     stochastic = config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)
     kernel = kernelgen.elementwise_kernel(op.name, op.fn, op.nparams, kinds, codes, compute,
                                           numerics.CODE[dtype], "c", stochastic)
-    return kernel, dtype, compute
+    return kernel, dtype, numerics.SCALAR_CAST[compute]
 
 
 def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -> NeuronTensor:
-    """Compute `op` elementwise and return the result (written into `out` if given)."""
+    """Compute `op` elementwise and return the result (written into `out` if given).
+
+    Checks devices itself (kernels calling it set `checks_devices`): operands are neuron
+    tensors, Python scalars or CPU 0-dim tensors.
+    """
     if out is None:
         result = _run_contiguous(op, operands, params)
         if result is not None:
             return result
+    for a in operands:
+        if isinstance(a, torch.Tensor) and type(a) is not NeuronTensor:
+            T.check_foreign(a)
     result_dtype, compute = dtypes_for(op, operands)
     arrays = [a for a in operands if isinstance(a, NeuronTensor)]
     shape = broadcast_shape([a.shape for a in arrays]) if arrays else ()

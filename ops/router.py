@@ -41,16 +41,8 @@ DEVICE_CHECK_EXEMPT = {
 _DECOMP_SKIP = {aten._to_copy.default, aten.clone.default}
 
 
-def device_error(other: torch.device) -> RuntimeError:
-    return RuntimeError("Expected all tensors to be on the same device, but found at least two "
-                        f"devices, {T.DEVICE} and {other}!")
-
-
-def _check_foreign(t: torch.Tensor) -> None:
-    if t.device.type == "cpu" and t.dim() == 0:
-        return  # CPU scalars mix with device tensors, as on CUDA
-    if t.device.type != T.DEVICE.type:
-        raise device_error(t.device)
+device_error = T.device_error
+_check_foreign = T.check_foreign
 
 
 def check_devices(args) -> None:
@@ -86,7 +78,8 @@ def dispatch(func, args, kwargs):
 
 def _entry(func) -> list:
     kernel = KERNELS.get(func)
-    entry = [kernel, func not in DEVICE_CHECK_EXEMPT, 0]
+    check = func not in DEVICE_CHECK_EXEMPT and not getattr(kernel, "checks_devices", False)
+    entry = [kernel, check, 0]
     if kernel is not None:
         _entries[id(func)] = entry
         _entry_ops[id(func)] = func

@@ -62,6 +62,19 @@ def check_dtype(dtype: torch.dtype) -> None:
         raise TypeError(f"{dtype} is not supported on neuron")
 
 
+def device_error(other: torch.device) -> RuntimeError:
+    return RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                        f"devices, {DEVICE} and {other}!")
+
+
+def check_foreign(t: torch.Tensor) -> None:
+    """A non-neuron tensor among an op's arguments: only CPU scalars may mix, as on CUDA."""
+    if t.device.type == "cpu" and t.dim() == 0:
+        return
+    if t.device.type != DEVICE.type:
+        raise device_error(t.device)
+
+
 class NeuronStorage:
     """One HBM block (or none, for zero bytes) shared by a tensor and its views."""
 
@@ -109,10 +122,18 @@ def storage_extent(shape, stride, offset: int) -> int:
 
 
 class NeuronTensor(torch.Tensor):
-    """A tensor on the simulated NeuronCore (device `neuron:0`)."""
+    """A tensor on the simulated NeuronCore (device `neuron:0`).
+
+    Besides torch's metadata it holds `_storage`, `_nd` (see the module docstring) and, for
+    the elementwise fast path, `_key` = (shape, dtype) when it is C-contiguous (else None)
+    and `_flat`, a 1-D view of its elements made on first use. `refresh` keeps them in step
+    when the metadata changes in place.
+    """
 
     _storage: NeuronStorage
     _nd: np.ndarray
+    _key: tuple | None
+    _flat: np.ndarray | None
 
     @staticmethod
     def __new__(cls, storage, shape, stride, offset, dtype, requires_grad=False):
@@ -120,6 +141,14 @@ class NeuronTensor(torch.Tensor):
 
     def __init__(self, *args, **kwargs):
         pass
+
+    def __getattr__(self, name):
+        # Only reached when normal lookup fails: `_nd` of a tensor made by new_contiguous.
+        if name == "_nd":
+            nd = self._flat.reshape(self.shape)
+            self.__dict__["_nd"] = nd
+            return nd
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -196,7 +225,9 @@ def make(storage, shape, stride, offset, dtype, requires_grad=False) -> NeuronTe
     """Wrap `storage` as a tensor with the given layout (no copy)."""
     t = _compat.make_wrapper(NeuronTensor, shape, stride, offset, dtype, DEVICE, requires_grad)
     t._storage = storage
-    t._nd = nd_view(storage, shape, stride, offset, dtype)
+    nd = t._nd = nd_view(storage, shape, stride, offset, dtype)
+    t._key = (t.shape, dtype) if nd.flags.c_contiguous else None
+    t._flat = None
     return t
 
 
@@ -216,13 +247,24 @@ def new_contiguous(shape: tuple, dtype: torch.dtype) -> NeuronTensor:
     storage = NeuronStorage(prod(shape) * npdtype.itemsize)
     t = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=DEVICE)
     t._storage = storage
-    t._nd = np.ndarray(shape, npdtype, storage.buffer)
+    t._flat = np.ndarray((storage.nbytes // npdtype.itemsize,), npdtype, storage.buffer)
+    t._key = (shape, dtype)  # `_nd` is made on first use, by __getattr__
     return t
 
 
 def refresh(t: NeuronTensor) -> None:
-    """Re-derive `_nd` after the tensor's metadata changed in place."""
-    t._nd = nd_view(t._storage, t.shape, t.stride(), t.storage_offset(), t.dtype)
+    """Re-derive the cached views after the tensor's metadata changed in place."""
+    nd = t._nd = nd_view(t._storage, t.shape, t.stride(), t.storage_offset(), t.dtype)
+    t._key = (t.shape, t.dtype) if nd.flags.c_contiguous else None
+    t._flat = None
+
+
+def flat(t: NeuronTensor) -> np.ndarray:
+    """A 1-D view of a C-contiguous tensor's elements (cached)."""
+    view = t._flat
+    if view is None:
+        view = t._flat = t._nd.reshape(-1)
+    return view
 
 
 def cpu_alias(t: NeuronTensor) -> torch.Tensor:
