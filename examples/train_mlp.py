@@ -36,8 +36,9 @@ def train(device: str, steps: int, batch: int, log: bool) -> list[float]:
     model = make_model(32, 128, 10).to(device)  # the only change a script needs
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     criterion = nn.CrossEntropyLoss()
-    losses = []
+    losses, times = [], []
     for step in range(steps):
+        start = time.perf_counter()
         inputs = x[step * batch:(step + 1) * batch].to(device)
         targets = y[step * batch:(step + 1) * batch].to(device)
         optimizer.zero_grad()
@@ -45,8 +46,13 @@ def train(device: str, steps: int, batch: int, log: bool) -> list[float]:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+        times.append(time.perf_counter() - start)
         if log:
-            print(f"step {step:3d}  loss {losses[-1]:.4f}")
+            print(f"step {step:3d}  loss {losses[-1]:.4f}  {times[-1] * 1e3:8.1f} ms")
+    if log and steps > 1:
+        later = sorted(times[1:])[len(times[1:]) // 2]
+        print(f"\nfirst step {times[0]:.2f} s (includes compiling the Numba kernels), "
+              f"later steps {later * 1e3:.1f} ms (median)")
     return losses
 
 
@@ -60,11 +66,9 @@ def main() -> None:
     torch.neuron.reset_peak_memory_stats()
     core.reset_counters()
     neuron_eager.clear_op_tracking()
-    start = time.perf_counter()
     losses = train("neuron", args.steps, args.batch, log=True)
-    seconds = time.perf_counter() - start
     fallbacks = neuron_eager.get_fallback_ops()
-    print(f"\n{args.steps} steps in {seconds:.2f} s on {torch.neuron.get_device_name()}")
+    print(f"device: {torch.neuron.get_device_name()}")
     print(f"kernels launched: {core.kernels_launched} "
           f"({core.kernels_launched / args.steps:.0f} per step; by engine: "
           f"{dict(sorted(core.launches_by_engine.items()))})")
