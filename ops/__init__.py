@@ -16,6 +16,7 @@ from neuron_eager.ops import (  # noqa: F401
     norm,
     pooling,
     random,
+    recurrent,
     reduction,
     sampling,
     scan,

@@ -362,3 +362,48 @@ def where(condition, x, y):
     shape = E.broadcast_shape([t.shape for t in (condition, x, y) if isinstance(t, E.NeuronTensor)])
     out = E.T.empty(shape, dtype)
     return E.launch(_WHERE, [condition, x, y], (), out, shape, numerics.compute_type(dtype))
+
+
+# -- classification of floats ------------------------------------------------------------
+define("isinf", lambda x: abs(x) == np.inf, [aten.isinf.default], operands=1,
+       kind="always_bool")
+define("isposinf", lambda x: x == np.inf, [aten.isposinf.default], operands=1,
+       kind="always_bool")
+define("isneginf", lambda x: x == -np.inf, [aten.isneginf.default], operands=1,
+       kind="always_bool")
+define("isfinite", lambda x: x == x and abs(x) != np.inf, [aten.isfinite.default], operands=1,
+       kind="always_bool")
+
+
+@njit
+def _nan_to_num(x, nan, posinf, neginf):
+    if x != x:
+        return nan
+    if x == np.inf:
+        return posinf
+    if x == -np.inf:
+        return neginf
+    return x
+
+
+_NAN_TO_NUM = E.Elementwise("nan_to_num", _nan_to_num, nparams=3)
+
+
+def _nan_to_num_run(x, nan, posinf, neginf, out=None):
+    if not x.dtype.is_floating_point:
+        return x.clone() if out is None else E.copy_into(out, x)
+    # float64 computes as float32 on neuron, so its limits are float32's
+    info = torch.finfo(torch.float32 if x.dtype == torch.float64 else x.dtype)
+    params = [0.0 if nan is None else nan, info.max if posinf is None else posinf,
+              info.min if neginf is None else neginf]
+    return E.run(_NAN_TO_NUM, [x], params, out=out)
+
+
+@register(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    return _nan_to_num_run(x, nan, posinf, neginf)
+
+
+@register(aten.nan_to_num_.default)
+def nan_to_num_(x, nan=None, posinf=None, neginf=None):
+    return _nan_to_num_run(x, nan, posinf, neginf, out=x)

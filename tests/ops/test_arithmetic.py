@@ -141,3 +141,14 @@ def test_out_argument(seed):
     r = torch.add(a.to("neuron"), b.to("neuron"), out=out)
     assert r is out
     torch.testing.assert_close(out.cpu(), a + b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_nonfinite_classification_and_nan_to_num(dtype):
+    x = torch.tensor([0.0, -1.5, float("inf"), -float("inf"), float("nan"), 3.0]).to(dtype)
+    for op in [torch.isinf, torch.isposinf, torch.isneginf, torch.isfinite, torch.isnan]:
+        check_op(op, x)
+    check_op(torch.nan_to_num, x)
+    check_op(lambda t: torch.nan_to_num(t, nan=1.0, posinf=2.0, neginf=-2.0), x)
+    check_op(lambda t: t.clone().nan_to_num_(), x)
+    check_op(torch.isinf, torch.arange(4))

@@ -1,0 +1,84 @@
+"""Fused RNN cells: what nn.LSTM / nn.GRU call on a non-CPU device.
+
+PyTorch's RNN layers pick `_thnn_fused_lstm_cell` / `_thnn_fused_gru_cell` (and their
+backward) whenever the input is not on the CPU, and the CPU has no kernels for them, so
+they cannot fall back. They are composed here from the device's elementwise, reduction
+and cat kernels, with the workspace layouts CUDA uses (so autograd's formulas apply).
+"""
+from __future__ import annotations
+
+import torch
+
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+
+
+def _with_bias(gates, bias):
+    return gates if bias is None else aten.add.Tensor(gates, bias)
+
+
+@register(aten._thnn_fused_lstm_cell.default)
+def fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    gates = aten.add.Tensor(_with_bias(input_gates, input_bias),
+                            _with_bias(hidden_gates, hidden_bias))
+    i, f, g, o = aten.chunk.default(gates, 4, 1)
+    i, f, o = aten.sigmoid.default(i), aten.sigmoid.default(f), aten.sigmoid.default(o)
+    g = aten.tanh.default(g)
+    cy = aten.add.Tensor(aten.mul.Tensor(f, cx), aten.mul.Tensor(i, g))
+    hy = aten.mul.Tensor(o, aten.tanh.default(cy))
+    workspace = aten.cat.default([i, f, g, o], 1)  # the activated gates
+    return hy, cy, workspace
+
+
+def _sigmoid_grad(s):
+    return aten.mul.Tensor(s, aten.rsub.Scalar(s, 1))
+
+
+@register(aten._thnn_fused_lstm_cell_backward_impl.default)
+def fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    i, f, g, o = aten.chunk.default(workspace, 4, 1)
+    tanh_cy = aten.tanh.default(cy)
+    grad_c = aten.zeros_like.default(cy) if grad_cy is None else grad_cy
+    if grad_hy is not None:
+        dtanh = aten.rsub.Scalar(aten.mul.Tensor(tanh_cy, tanh_cy), 1)
+        grad_c = aten.add.Tensor(grad_c, aten.mul.Tensor(aten.mul.Tensor(grad_hy, o), dtanh))
+        grad_o = aten.mul.Tensor(aten.mul.Tensor(grad_hy, tanh_cy), _sigmoid_grad(o))
+    else:
+        grad_o = aten.zeros_like.default(o)
+    grad_i = aten.mul.Tensor(aten.mul.Tensor(grad_c, g), _sigmoid_grad(i))
+    grad_f = aten.mul.Tensor(aten.mul.Tensor(grad_c, cx), _sigmoid_grad(f))
+    grad_g = aten.mul.Tensor(aten.mul.Tensor(grad_c, i), aten.rsub.Scalar(aten.mul.Tensor(g, g), 1))
+    grad_gates = aten.cat.default([grad_i, grad_f, grad_g, grad_o], 1)
+    grad_cx = aten.mul.Tensor(grad_c, f)
+    grad_bias = aten.sum.dim_IntList(grad_gates, [0]) if has_bias else None
+    return grad_gates, grad_cx, grad_bias
+
+
+@register(aten._thnn_fused_gru_cell.default)
+def fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    ir, ii, in_ = aten.chunk.default(_with_bias(input_gates, input_bias), 3, 1)
+    hr, hi, hn = aten.chunk.default(_with_bias(hidden_gates, hidden_bias), 3, 1)
+    r = aten.sigmoid.default(aten.add.Tensor(ir, hr))
+    z = aten.sigmoid.default(aten.add.Tensor(ii, hi))
+    n = aten.tanh.default(aten.add.Tensor(in_, aten.mul.Tensor(r, hn)))
+    hy = aten.add.Tensor(n, aten.mul.Tensor(z, aten.sub.Tensor(hx, n)))
+    workspace = aten.cat.default([r, z, n, hx, hn], 1)
+    return hy, workspace
+
+
+@register(aten._thnn_fused_gru_cell_backward.default)
+def fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hx, hn = aten.chunk.default(workspace, 5, 1)
+    grad_hx = aten.mul.Tensor(grad_hy, z)
+    grad_z = aten.mul.Tensor(aten.mul.Tensor(grad_hy, aten.sub.Tensor(hx, n)), _sigmoid_grad(z))
+    grad_n = aten.mul.Tensor(aten.mul.Tensor(grad_hy, aten.rsub.Scalar(z, 1)),
+                             aten.rsub.Scalar(aten.mul.Tensor(n, n), 1))
+    grad_r = aten.mul.Tensor(aten.mul.Tensor(grad_n, hn), _sigmoid_grad(r))
+    grad_input_gates = aten.cat.default([grad_r, grad_z, grad_n], 1)
+    grad_hidden_gates = aten.cat.default([grad_r, grad_z, aten.mul.Tensor(grad_n, r)], 1)
+    if has_bias:
+        return (grad_input_gates, grad_hidden_gates, grad_hx,
+                aten.sum.dim_IntList(grad_input_gates, [0]),
+                aten.sum.dim_IntList(grad_hidden_gates, [0]))
+    return grad_input_gates, grad_hidden_gates, grad_hx, None, None
