@@ -103,3 +103,22 @@ def install_accelerator_memory(stats_fn, synchronize_fn) -> None:
     accelerator_memory.memory_stats = memory_stats
     accelerator.memory_stats = memory_stats
     accelerator.synchronize = synchronize
+
+
+_pin_lib = None
+
+
+def install_pinned_memory_shim() -> None:
+    """Make `Tensor.pin_memory()` (and DataLoader(pin_memory=True)) work with neuron current.
+
+    Pinning asks the current accelerator's C++ hooks for a pinned-memory allocator, which
+    a Python backend cannot provide. The simulated device reads host memory directly, so
+    pinning is a plain copy here and `is_pinned()` says False. Installed only where no CUDA
+    device exists, so a real GPU's pinning is never replaced.
+    """
+    global _pin_lib
+    if _pin_lib is not None or torch.cuda.is_available():
+        return
+    _pin_lib = torch.library.Library("aten", "IMPL")
+    _pin_lib.impl("_pin_memory", lambda self, device=None: self.clone(), "CPU")
+    _pin_lib.impl("is_pinned", lambda self, device=None: False, "CPU")

@@ -640,6 +640,16 @@ def all_dim(x, dim=None, keepdim=False):
     return _truth(op, x, dim, keepdim, ALL)
 
 
+@register(aten._is_any_true.default)
+def is_any_true(x):
+    return _truth(aten.any.default, x, None, False, ANY)
+
+
+@register(aten._is_all_true.default)
+def is_all_true(x):
+    return _truth(aten.all.default, x, None, False, ALL)
+
+
 @register(aten.count_nonzero.dim_IntList, aten.count_nonzero.default)
 def count_nonzero(x, dim=None):
     op = aten.count_nonzero.dim_IntList if isinstance(dim, (list, tuple)) \

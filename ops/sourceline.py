@@ -23,7 +23,11 @@ def _internal_dirs() -> tuple[str, ...]:
 
 
 def user_frame() -> tuple[str, int]:
-    """(file, line) of the innermost frame outside torch and neuron-eager."""
+    """(file, line) of the innermost frame outside torch and neuron-eager.
+
+    Ops that autograd runs on its worker thread have no user frame: they are reported as
+    coming from "<autograd backward>".
+    """
     internal = _internal_dirs()
     frame = sys._getframe(1)
     while frame is not None:
@@ -31,7 +35,7 @@ def user_frame() -> tuple[str, int]:
         if not filename.startswith(internal) and not filename.startswith("<frozen"):
             return filename, frame.f_lineno
         frame = frame.f_back
-    return "<unknown>", 0
+    return "<autograd backward>", 0
 
 
 def warn_at_user_line(message: str, category=UserWarning) -> None:

@@ -1,0 +1,56 @@
+"""Each touch of torch internals (ops/_compat.py), checked so a torch upgrade fails loudly."""
+import torch
+
+import neuron_eager  # noqa: F401
+from neuron_eager.ops import _compat
+
+
+def test_backend_renamed_with_hooks_and_guard():
+    assert torch._C._get_privateuse1_backend_name() == "neuron"
+    assert hasattr(torch.Tensor, "neuron") and hasattr(torch.nn.Module, "neuron")
+    x = torch.ones(2).to("neuron")  # needs the device guard
+    x.requires_grad_()
+    (x * 2).sum().backward()  # so does the autograd engine
+
+
+def test_set_metadata_edits_a_wrapper_in_place():
+    x = torch.arange(6.0).to("neuron")
+    _compat.set_metadata(x, (2, 3), (3, 1), 0)
+    assert x.shape == (2, 3) and x.stride() == (3, 1) and x.device.type == "neuron"
+
+
+def test_foreach_support_registered():
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    assert neuron_eager.NeuronTensor in optimizer._foreach_supported_types
+    assert neuron_eager.NeuronTensor in _foreach_utils._foreach_supported_types
+
+
+def test_accelerator_memory_and_synchronize_answer_for_neuron():
+    before = torch.accelerator.memory_allocated()
+    x = torch.empty(4096, device="neuron")
+    assert torch.accelerator.memory_allocated() > before
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == \
+        torch.neuron.memory_allocated()
+    torch.accelerator.synchronize()
+    del x
+
+
+def test_pinned_memory_and_dataloader_pinning():
+    x = torch.randn(3)
+    pinned = x.pin_memory()
+    assert torch.equal(pinned, x) and not pinned.is_pinned()
+    data = torch.utils.data.TensorDataset(torch.randn(8, 2))
+    batch = next(iter(torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)))[0]
+    assert batch.shape == (4, 2)
+    assert batch.to("neuron").device.type == "neuron"
+
+
+def test_wrapper_rebuild_function_is_allowed_by_weights_only_load():
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(2).to("neuron")}, buf)
+    buf.seek(0)
+    assert torch.load(buf)["w"].device.type == "neuron"
