@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from neuron_eager.device_sim import config
 from neuron_eager.ops import _compat, router
 from neuron_eager.ops.tensor import NeuronOutOfMemoryError, NeuronTensor
 
 import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
+import neuron_eager.autocast  # noqa: E402,F401  (autocast kernels on AutocastPrivateUse1)
 from neuron_eager import device as _device  # noqa: E402
 
 __version__ = "0.1.0"
@@ -23,6 +26,9 @@ _compat.ensure_foreach_support(NeuronTensor)
 _compat.install_accelerator_memory(_device.memory_stats, _device.synchronize)
 _compat.install_pinned_memory_shim()
 sys.modules.setdefault("torch.neuron", _device)
+# Trainium's fast type is bf16 (the Neuron compiler's --auto-cast-type default), so a bare
+# torch.autocast("neuron") casts to bf16 rather than PyTorch's fp16 default.
+torch.set_autocast_dtype(_compat.BACKEND, torch.bfloat16)
 
 
 def get_executed_ops() -> dict[str, int]:

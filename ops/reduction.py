@@ -662,7 +662,8 @@ def count_nonzero(x, dim=None):
 
 @register(aten.logsumexp.default)
 def logsumexp(x, dim, keepdim=False):
-    if isinstance(dim, (list, tuple)) and len(dim) == 0 and x.numel() and not keepdim:
+    if isinstance(dim, (list, tuple)) and len(dim) == 0 and x.numel() and not keepdim \
+            and x.dim():
         # CPU reduces all dims, then fails to write the [1, ..] result into a 0-dim output
         raise RuntimeError(f"output with shape [] doesn't match the broadcast shape "
                            f"{[1] * x.dim()}")

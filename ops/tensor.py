@@ -214,7 +214,9 @@ def set_dispatcher(fn) -> None:
 
 
 def nd_view(storage: NeuronStorage, shape, stride, offset: int, dtype: torch.dtype) -> np.ndarray:
-    npdtype = STORAGE_DTYPE[dtype]
+    npdtype = STORAGE_DTYPE.get(dtype)
+    if npdtype is None:
+        check_dtype(dtype)  # raises the clear error (complex views, ...)
     size = npdtype.itemsize
     if 0 in shape:  # an empty view may point past its storage's (possibly zero) bytes
         return np.empty(shape, npdtype)

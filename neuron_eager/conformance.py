@@ -1,0 +1,300 @@
+"""Conformance against PyTorch's own OpInfo suite: every op, sample and dtype on neuron vs CPU.
+
+    python -m neuron_eager.conformance [--ops add,mul] [--dtypes float32,bfloat16]
+        [--mode forward|backward|both] [--samples 4] [--budget 600] [--out report.json]
+        [--coverage-md docs/coverage.md]
+
+Each (op, dtype) is classed: "native" (every sample matches the CPU, no CPU fallback),
+"fallback" (matches, but some op ran on the CPU), "mismatch", "error" (first message kept),
+"skipped" (the CPU does not support the dtype either) or "by design" (needs complex
+tensors, which Trainium lacks; reported, outside the denominator).
+Needs the `expecttest` package (in the test extra) to import PyTorch's op database.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+import neuron_eager
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
+TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1.6e-2, 1e-2),
+              torch.float16: (1e-3, 1e-3)}
+STATUSES = ("native", "fallback", "mismatch", "error", "skipped", "by design")
+
+
+@dataclass
+class Result:
+    op: str
+    dtype: str
+    mode: str
+    status: str
+    samples: int = 0
+    message: str = ""
+    fallback_ops: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _op_name(info) -> str:
+    return info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
+
+
+def _to_neuron(tree):
+    def move(x):
+        if isinstance(x, torch.Tensor):
+            y = x.detach().to("neuron")
+            return y.requires_grad_(x.requires_grad)
+        return x
+
+    return tree_map(move, tree)
+
+
+def _leaves(out):
+    return [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+
+
+def _compare(actual, expected, dtype, host_ok=False):
+    rtol, atol = TOLERANCES.get(dtype, (0, 0))
+    a, e = _leaves(actual), _leaves(expected)
+    if len(a) != len(e):
+        raise AssertionError(f"{len(a)} tensor outputs, the CPU gives {len(e)}")
+    for x, y in zip(a, e):
+        if x.device.type != "neuron" and not host_ok:
+            raise AssertionError(f"an output is on {x.device}, not neuron")
+        y_rtol, y_atol = TOLERANCES.get(y.dtype, (rtol, atol))
+        torch.testing.assert_close(x.detach().cpu(), y.detach(), rtol=y_rtol, atol=y_atol,
+                                   equal_nan=True, check_stride=False)
+
+
+def _grads(out, inputs):
+    outs = [o for o in _leaves(out) if o.requires_grad and o.dtype.is_floating_point]
+    if not outs:
+        return None
+    seeds = [torch.ones_like(o) for o in outs]
+    wrt = [x for x in _leaves(inputs) if x.requires_grad]
+    return torch.autograd.grad(outs, wrt, seeds, allow_unused=True)
+
+
+def _needs_complex(sample) -> bool:
+    return any(x.is_complex() for x in _leaves((sample.input, sample.args, sample.kwargs)))
+
+
+# Ops whose values are uninitialised memory or random draws: the device's generator is not
+# the CPU's, so only shape, dtype and device can be compared. (OpInfo seeds random ops
+# itself, so running them twice on the CPU cannot tell them apart.)
+_METADATA_ONLY = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
+                  "empty_permuted", "uniform", "normal", "exponential", "bernoulli",
+                  "multinomial", "randn", "randn_like", "rand_like", "randint", "randint_like",
+                  "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
+                  "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout",
+                  "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
+                  "nn.functional.rrelu", "cauchy", "geometric", "log_normal", "randperm"}
+_HOST_RESULTS = {"to"}  # samples that ask for a CPU result
+_BY_DESIGN_ERRORS = ("Trainium has no complex dtypes", "sparse tensors are not supported",
+                     "nested tensors are not supported")
+
+
+def _is_random(info, args, kwargs, first) -> bool:
+    """Random ops (sampling, dropout) differ between seeds: compare them by metadata only."""
+    if info.name in _METADATA_ONLY:
+        return True
+    torch.manual_seed(1)
+    try:
+        second = info(*_clone(args), **_clone(kwargs))
+    except Exception:
+        return False
+    finally:
+        torch.manual_seed(0)
+    for a, b in zip(_leaves(first), _leaves(second)):
+        if a.shape != b.shape or not torch.equal(a.detach(), b.detach()):
+            return True
+    return False
+
+
+def _compare_metadata(actual, expected):
+    a, e = _leaves(actual), _leaves(expected)
+    if len(a) != len(e):
+        raise AssertionError(f"{len(a)} tensor outputs, the CPU gives {len(e)}")
+    for x, y in zip(a, e):
+        if x.device.type != "neuron" or x.shape != y.shape or x.dtype != y.dtype:
+            raise AssertionError(f"got {x.dtype}{list(x.shape)} on {x.device}, the CPU gives "
+                                 f"{y.dtype}{list(y.shape)}")
+
+
+def _clone(tree):
+    """Fresh copies of the sample's tensors: in-place ops must not see each other's writes."""
+    return tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad)
+                    if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _call_on_neuron(info, args, kwargs):
+    """Run on neuron; factories (no tensor argument) are asked for a neuron result."""
+    if "device" in kwargs or not _leaves(args):
+        try:
+            return info(*args, **dict(kwargs, device="neuron"))
+        except TypeError as e:
+            if "device" not in str(e):
+                raise
+    return info(*args, **kwargs)
+
+
+def check(info, dtype: torch.dtype, mode: str, max_samples: int) -> Result:
+    """Run one (op, dtype) through its OpInfo samples on neuron and on CPU."""
+    name = _op_name(info)
+    result = Result(name, str(dtype).replace("torch.", ""), mode, "native")
+    start = time.perf_counter()
+    if dtype not in info.supported_dtypes("cpu"):
+        result.status = "skipped"
+        return result
+    backward = mode == "backward"
+    if backward and (not info.supports_autograd or not dtype.is_floating_point):
+        result.status = "skipped"
+        return result
+    fallbacks: Counter = Counter()
+    try:
+        samples = info.sample_inputs("cpu", dtype, requires_grad=backward)
+        for sample in samples:
+            if result.samples >= max_samples:
+                break
+            if _needs_complex(sample):
+                result.status = "by design"
+                continue
+            args = (sample.input, *sample.args)
+            try:
+                torch.manual_seed(0)
+                expected = info(*_clone(args), **_clone(sample.kwargs))
+                random = _is_random(info, args, sample.kwargs, expected)
+                expected_grads = _grads(expected, args) if backward and not random else None
+            except Exception:
+                continue  # the CPU refuses this sample too
+            dev_args = _to_neuron(args)
+            neuron_eager.clear_op_tracking()
+            actual = _call_on_neuron(info, dev_args, _to_neuron(sample.kwargs))
+            if random:
+                _compare_metadata(actual, expected)
+            else:
+                _compare(actual, expected, dtype, host_ok=info.name in _HOST_RESULTS)
+            if backward and expected_grads is not None:
+                actual_grads = _grads(actual, dev_args)
+                pairs = [(a, e) for a, e in zip(actual_grads, expected_grads) if e is not None]
+                if any(a is None for a, _ in pairs):
+                    raise AssertionError("a gradient is missing on neuron")
+                _compare([a for a, _ in pairs], [e for _, e in pairs], dtype)
+            fallbacks.update(neuron_eager.get_fallback_ops())
+            result.samples += 1
+            result.status = "native"
+        if result.samples == 0 and result.status != "by design":
+            result.status = "skipped"
+        elif fallbacks:
+            result.status = "fallback"
+    except AssertionError as e:
+        result.status, result.message = "mismatch", str(e).strip().splitlines()[0][:300]
+    except Exception as e:  # noqa: BLE001 - every failure is data for the report
+        if any(reason in str(e) for reason in _BY_DESIGN_ERRORS):
+            result.status, result.message = "by design", str(e).splitlines()[0][:120]
+            result.seconds = round(time.perf_counter() - start, 3)
+            return result
+        result.status = "error"
+        result.message = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}" \
+            if str(e).strip() else type(e).__name__
+    result.fallback_ops = sorted(fallbacks)
+    result.seconds = round(time.perf_counter() - start, 3)
+    return result
+
+
+def summarize(results: list[Result]) -> dict:
+    """Pass rates per mode: native / (all but skipped and by-design), and with fallback."""
+    out = {}
+    for mode in sorted({r.mode for r in results}):
+        rows = [r for r in results if r.mode == mode]
+        counts = Counter(r.status for r in rows)
+        judged = sum(counts[s] for s in ("native", "fallback", "mismatch", "error"))
+        out[mode] = {"counts": {s: counts[s] for s in STATUSES}, "judged": judged,
+                     "native_rate": counts["native"] / judged if judged else 0.0,
+                     "with_fallback_rate": (counts["native"] + counts["fallback"]) / judged
+                     if judged else 0.0}
+    return out
+
+
+def coverage_markdown(results: list[Result], summary: dict) -> str:
+    lines = ["# Op coverage", "",
+             "Generated by `python -m neuron_eager.conformance`: PyTorch's OpInfo samples run on "
+             "neuron and on the CPU. Rates count (op, dtype) pairs that were judged (not "
+             "skipped, not complex-only).", ""]
+    for mode, s in summary.items():
+        lines.append(f"- {mode}: {s['native_rate']:.1%} native, {s['with_fallback_rate']:.1%} "
+                     f"with CPU fallback, of {s['judged']} pairs "
+                     f"({', '.join(f'{k} {v}' for k, v in s['counts'].items() if v)})")
+    lines += ["", "| op | dtype | mode | status | note |", "|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (r.op, r.mode, r.dtype)):
+        note = r.message or (", ".join(r.fallback_ops) if r.fallback_ops else "")
+        lines.append(f"| {r.op} | {r.dtype} | {r.mode} | {r.status} | "
+                     f"{note.replace('|', '/')[:120]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="", help="comma-separated OpInfo names (default all)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--mode", choices=["forward", "backward", "both"], default="forward")
+    parser.add_argument("--samples", type=int, default=4, help="samples per (op, dtype)")
+    parser.add_argument("--budget", type=float, default=float("inf"), help="seconds in all")
+    parser.add_argument("--out", default="", help="JSON report path")
+    parser.add_argument("--coverage-md", default="", help="write the coverage table here")
+    parser.add_argument("--min-native-rate", type=float, default=0.0,
+                        help="exit 1 if the forward native rate is lower")
+    args = parser.parse_args(argv)
+
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    wanted = {name for name in args.ops.split(",") if name}
+    infos = [i for i in op_db if not wanted or i.name in wanted or _op_name(i) in wanted]
+    dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+    modes = ["forward", "backward"] if args.mode == "both" else [args.mode]
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    deadline = time.perf_counter() + args.budget
+    results: list[Result] = []
+    jobs = [(info, dtype, mode) for info in infos for mode in modes for dtype in dtypes]
+    for n, (info, dtype, mode) in enumerate(jobs, 1):
+        if time.perf_counter() > deadline:
+            print(f"\ntime budget reached after {n - 1} of {len(jobs)} checks", file=sys.stderr)
+            break
+        results.append(check(info, dtype, mode, args.samples))
+        done = int(40 * n / len(jobs))
+        print(f"\r[{'#' * done}{'.' * (40 - done)}] {n}/{len(jobs)} {_op_name(info)[:30]:<30}",
+              end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    summary = summarize(results)
+    print(f"{'mode':<10}" + "".join(f"{s:>11}" for s in STATUSES) + f"{'native %':>10}"
+          f"{'+fallback %':>13}")
+    for mode, s in summary.items():
+        print(f"{mode:<10}" + "".join(f"{s['counts'][k]:>11}" for k in STATUSES) +
+              f"{s['native_rate']:>10.1%}{s['with_fallback_rate']:>13.1%}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"summary": summary, "results": [asdict(r) for r in results]}, f,
+                      indent=1)
+    if args.coverage_md:
+        with open(args.coverage_md, "w") as f:
+            f.write(coverage_markdown(results, summary))
+    forward = summary.get("forward")
+    if forward and forward["native_rate"] < args.min_native_rate:
+        print(f"forward native rate {forward['native_rate']:.1%} is below the floor "
+              f"{args.min_native_rate:.1%}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
