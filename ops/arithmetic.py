@@ -105,10 +105,53 @@ def _div_trunc(x, y):
     return np.trunc(x / y)
 
 
-define("fmod", lambda x, y: np.fmod(x, y), [aten.fmod.Tensor, aten.fmod.Scalar],
-       [aten.fmod_.Tensor, aten.fmod_.Scalar])
-define("remainder", _remainder.py_func, [aten.remainder.Tensor, aten.remainder.Scalar],
-       [aten.remainder_.Tensor, aten.remainder_.Scalar])
+_FMOD = E.Elementwise("fmod", njit(lambda x, y: np.fmod(x, y)))
+_REMAINDER = E.Elementwise("remainder", _remainder)
+
+
+@njit
+def _int_fmod(x, y):
+    # the sign of the dividend, like C's %; np.fmod is not used for integers
+    r = abs(x) % abs(y) if y != 0 else 0
+    return r if x >= 0 else -r
+
+
+@njit
+def _int_remainder(x, y):
+    # Python's %: the sign of the divisor
+    return x % y if y != 0 else 0
+
+
+_IFMOD = E.Elementwise("int_fmod", _int_fmod)
+_IREMAINDER = E.Elementwise("int_remainder", _int_remainder)
+
+
+def check_integer_divisor(x, y) -> None:
+    """Integer division by zero raises RuntimeError("ZeroDivisionError") on the CPU; here too."""
+    if isinstance(y, E.NeuronTensor) and not y.dtype.is_floating_point and y.numel() and \
+            not E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point:
+        if (y._nd == 0).any():  # the host reads the check back, as the CPU kernel does
+            raise RuntimeError("ZeroDivisionError")
+    elif isinstance(y, (int, bool)) and y == 0 and isinstance(x, E.NeuronTensor) and \
+            not x.dtype.is_floating_point:
+        raise RuntimeError("ZeroDivisionError")
+
+
+def _modulo(float_op, int_op):
+    def run(x, y, out=None):
+        check_integer_divisor(x, y)
+        floating = E.dtypes_for(float_op, [x, y])[0].is_floating_point
+        return E.run(float_op if floating else int_op, [x, y], out=out)
+
+    return run
+
+
+_fmod_run, _remainder_run = _modulo(_FMOD, _IFMOD), _modulo(_REMAINDER, _IREMAINDER)
+register(aten.fmod.Tensor, aten.fmod.Scalar)(lambda x, y: _fmod_run(x, y))
+register(aten.fmod_.Tensor, aten.fmod_.Scalar)(lambda x, y: _fmod_run(x, y, out=x))
+register(aten.remainder.Tensor, aten.remainder.Scalar)(lambda x, y: _remainder_run(x, y))
+register(aten.remainder_.Tensor, aten.remainder_.Scalar)(
+    lambda x, y: _remainder_run(x, y, out=x))
 _DIV_FLOOR = E.Elementwise("div_floor", _div_floor)
 _DIV_TRUNC = E.Elementwise("div_trunc", _div_trunc)
 _DIV = E.Elementwise("div", njit(lambda x, y: x / y), kind="int_to_float")
@@ -125,6 +168,7 @@ _IDIV_FLOOR = E.Elementwise("idiv_floor", njit(lambda x, y: x // y if y != 0 els
 
 
 def _floor(x, y, out=None):
+    check_integer_divisor(x, y)
     floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
     return E.run(_DIV_FLOOR if floating else _IDIV_FLOOR, [x, y], out=out)
 
@@ -135,6 +179,8 @@ def _div_mode(x, y, mode, out=None):
     if mode == "floor":
         return _floor(x, y, out)
     floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
+    if mode == "trunc" and not floating:
+        check_integer_divisor(x, y)
     if mode == "trunc":
         return E.run(_DIV_TRUNC if floating else _IDIV_TRUNC, [x, y], out=out)
     raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but "
@@ -245,7 +291,8 @@ def _sign(x):
     return x - x if x == x else x
 
 
-define("sign", _sign.py_func, [aten.sign.default], [aten.sign_.default], operands=1)
+define("sign", _sign.py_func, [aten.sign.default, aten.sgn.default],
+       [aten.sign_.default, aten.sgn_.default], operands=1)  # sgn == sign for real dtypes
 define("reciprocal", lambda x: np.float32(1) / x, [aten.reciprocal.default],
        [aten.reciprocal_.default], operands=1, kind="int_to_float")
 define("sqrt", lambda x: np.sqrt(x), [aten.sqrt.default], [aten.sqrt_.default], operands=1,

@@ -152,6 +152,26 @@ def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return full(size, 1, dtype=dtype or torch.get_default_dtype(), layout=layout)
 
 
+def efficient_zero_tensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # autograd's "known zero" gradients; a plain zero tensor has the same values
+    return full(size, 0, dtype=dtype or torch.get_default_dtype(), layout=layout)
+
+
+def _tri_indices(op, lower):
+    def tri_indices(row, col, offset=0, *, dtype=None, layout=None, device=None,
+                    pin_memory=None):
+        meta = _meta(op, (row, col, offset), dict(dtype=dtype or torch.int64, layout=layout))
+        out = _empty_for(meta)
+        if out.numel():
+            rows, cols = (np.tril_indices if lower else np.triu_indices)(row, offset, col)
+            out._nd[0] = rows  # an iota pattern on the GpSimd engine
+            out._nd[1] = cols
+            core.launch("gpsimd", out.numel(), out._nd.nbytes)
+        return out
+
+    return tri_indices
+
+
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return full((), s, dtype=dtype or torch.get_default_dtype(), layout=layout)
 
@@ -173,7 +193,9 @@ for _name, _fn in [
     ("arange", _arange(aten.arange.default)), ("arange.start", _arange(aten.arange.start)),
     ("arange.start_step", _arange(aten.arange.start_step)), ("linspace", linspace),
     ("eye", eye), ("eye.m", eye), ("full", full), ("zeros", zeros), ("ones", ones),
-    ("scalar_tensor", scalar_tensor), ("_local_scalar_dense", _local_scalar_dense),
+    ("scalar_tensor", scalar_tensor), ("_efficientzerotensor", efficient_zero_tensor),
+    ("tril_indices", _tri_indices(aten.tril_indices.default, True)),
+    ("triu_indices", _tri_indices(aten.triu_indices.default, False)), ("_local_scalar_dense", _local_scalar_dense),
     ("_copy_from", _copy_from), ("copy_", _copy_),
 ]:
     _lib.impl(_name, _fn, "PrivateUse1")

@@ -485,8 +485,11 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
         ident = _IDENTITY[op]
         if not acc.dtype.is_floating_point and ident in (float("inf"), float("-inf")):
             # int64 computes in 32 bits on the engines (numerics.py)
-            info = torch.iinfo(torch.int32 if acc.dtype == torch.int64 else acc.dtype)
-            ident = info.max if ident > 0 else info.min
+            if acc.dtype == torch.bool:
+                ident = ident > 0
+            else:
+                info = torch.iinfo(torch.int32 if acc.dtype == torch.int64 else acc.dtype)
+                ident = info.max if ident > 0 else info.min
         put_reduce(acc, T.from_cpu(torch.tensor(ident, dtype=acc.dtype)), dim, i1, ishape,
                    [0] * len(ishape), istr, "set")
     put_reduce(acc, s1, dim, i1, ishape, sstr, istr, "sum" if op == "mean" else op)

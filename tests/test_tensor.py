@@ -254,3 +254,10 @@ def test_view_scatter_ops():
     check_op(lambda a, s: torch.diagonal_scatter(a, s), x, torch.randn(4))
     check_op(lambda a, s: torch.as_strided_scatter(a, s, (2, 2), (5, 1), 3), x,
              torch.randn(2, 2))
+
+
+def test_index_factories():
+    for args in [(4, 4), (3, 5, 1), (5, 3, -2), (0, 3)]:
+        for fn in (torch.tril_indices, torch.triu_indices):
+            assert torch.equal(fn(*args, device="neuron").cpu(), fn(*args))
+    assert torch.tril_indices(3, 3, dtype=torch.int32, device="neuron").dtype == torch.int32

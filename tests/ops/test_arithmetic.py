@@ -152,3 +152,20 @@ def test_nonfinite_classification_and_nan_to_num(dtype):
     check_op(lambda t: torch.nan_to_num(t, nan=1.0, posinf=2.0, neginf=-2.0), x)
     check_op(lambda t: t.clone().nan_to_num_(), x)
     check_op(torch.isinf, torch.arange(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int8])
+def test_integer_modulo_signs_and_division_by_zero(dtype):
+    a = torch.tensor([-7, 7, -7, 7, 5, 0, -3], dtype=dtype)
+    b = torch.tensor([2, -2, -2, 2, 1, 3, 4], dtype=dtype)
+    for op in [torch.fmod, torch.remainder, torch.floor_divide]:
+        check_op(op, a, b)
+        check_op(op, a, 3)
+        check_op(op, a, -3)
+    zero = torch.tensor([1, 0, 2], dtype=dtype)
+    for op in [torch.fmod, torch.remainder, torch.floor_divide,
+               lambda x, y: torch.div(x, y, rounding_mode="trunc")]:
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            op(a[:3], zero)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            op(a[:3].to("neuron"), zero.to("neuron"))
