@@ -268,13 +268,13 @@ def native_dropout(x, p, train):
     return out, mask
 
 
-_DROPOUT_BACKWARD = E.Elementwise("dropout_backward", njit(lambda g, m, s: g * m * s), nparams=1)
+_DROPOUT_BACKWARD = E.Elementwise("dropout_backward", njit(lambda g, m, s: g * m * s))
 
 
 @register(aten.native_dropout_backward.default)
 def native_dropout_backward(grad, mask, scale):
-    return E.run(_DROPOUT_BACKWARD, [grad, mask], [scale],
-                 out=T.empty(E.broadcast_shape([grad.shape, mask.shape]), grad.dtype))
+    # the scale takes part in type promotion, as on the CPU (an integer grad gives float)
+    return E.run(_DROPOUT_BACKWARD, [grad, mask, scale])
 
 
 # -- integers: random_, randperm, multinomial -----------------------------------------------

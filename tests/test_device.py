@@ -91,3 +91,11 @@ def test_op_tracking():
     assert neuron_eager.get_fallback_ops() == {}
     neuron_eager.clear_op_tracking()
     assert neuron_eager.get_executed_ops() == {}
+
+
+def test_torch_manual_seed_also_seeds_the_device():
+    torch.manual_seed(5)
+    a = torch.rand(8, device="neuron").cpu()
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(8, device="neuron").cpu(), a)
+    assert torch.neuron.initial_seed() == 5
