@@ -27,3 +27,22 @@ def test_runner_classifies_and_reports(tmp_path):
 def test_runner_fails_below_the_floor(tmp_path):
     assert conformance.main(["--ops", "special.i0e", "--dtypes", "float32", "--samples", "1",
                              "--min-native-rate", "0.5"]) == 1
+
+
+def test_sampled_conformance_stays_above_the_floor(tmp_path):
+    """CI's sampled OpInfo pass: fails when the native pass rate drops below the floor."""
+    import pathlib
+
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    floor = json.loads((pathlib.Path(__file__).parent / "conformance_floor.json").read_text())
+    names = sorted({conformance._op_name(info) for info in op_db})[::floor["every_nth_op"]]
+    report = tmp_path / "report.json"
+    conformance.main(["--ops", ",".join(names), "--dtypes", floor["dtypes"], "--samples",
+                      str(floor["samples"]), "--out", str(report)])
+    summary = json.loads(report.read_text())["summary"]["forward"]
+    failures = [f"{r['op']}[{r['dtype']}]: {r['status']} {r['message'][:80]}"
+                for r in json.loads(report.read_text())["results"]
+                if r["status"] in ("mismatch", "error")]
+    assert summary["native_rate"] >= floor["forward_native_floor"], failures
+    assert summary["with_fallback_rate"] >= floor["forward_with_fallback_floor"], failures
