@@ -21,6 +21,7 @@ from neuron_eager.ops import (  # noqa: F401
     sampling,
     scan,
     softmax,
+    special,
     unsupported,
     views,
 )

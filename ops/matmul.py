@@ -337,7 +337,7 @@ def addmv(c, a, x, *, beta=1, alpha=1):
     return _mv(aten.addmv.default, a, x, c, beta, alpha)
 
 
-@register(aten.dot.default)
+@register(aten.dot.default, aten.vdot.default)  # vdot conjugates: the same for real dtypes
 def dot(x, y):
     if not (_ok(x, y, dims=(1, 1)) and x.shape[0] == y.shape[0]):
         raise_like_cpu(aten.dot.default, x, y)

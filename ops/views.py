@@ -179,3 +179,89 @@ for _scatter, _view in [(aten.select_scatter.default, aten.select.int),
                         (aten.diagonal_scatter.default, aten.diagonal.default),
                         (aten.as_strided_scatter.default, aten.as_strided.default)]:
     register(_scatter)(_make_scatter(_view))
+
+
+# -- copying forms of the views (what functionalization emits): the view, made contiguous --
+def _make_view_copy(view_op):
+    view = make_view(view_op)
+
+    def view_copy(x, *args, **kwargs):
+        from neuron_eager.ops.copy import clone
+
+        out = view(x, *args, **kwargs)
+        if isinstance(out, list):
+            return [clone(o, memory_format=torch.contiguous_format) for o in out]
+        return clone(out, memory_format=torch.contiguous_format)
+
+    return view_copy
+
+
+_VIEW_COPIES = [  # (copying op, its view op): resolved once, at import
+    (aten.view_copy.default, aten.view.default), (aten.view_copy.dtype, aten.view.dtype),
+    (aten.expand_copy.default, aten.expand.default), (aten.alias_copy.default, aten.alias.default),
+    (aten.as_strided_copy.default, aten.as_strided.default),
+    (aten.permute_copy.default, aten.permute.default), (aten.t_copy.default, aten.t.default),
+    (aten.transpose_copy.int, aten.transpose.int),
+    (aten.squeeze_copy.default, aten.squeeze.default), (aten.squeeze_copy.dim, aten.squeeze.dim),
+    (aten.squeeze_copy.dims, aten.squeeze.dims),
+    (aten.unsqueeze_copy.default, aten.unsqueeze.default),
+    (aten.unfold_copy.default, aten.unfold.default), (aten.unbind_copy.int, aten.unbind.int),
+    (aten.diagonal_copy.default, aten.diagonal.default),
+    (aten.select_copy.int, aten.select.int), (aten.slice_copy.Tensor, aten.slice.Tensor),
+    (aten.split_copy.Tensor, aten.split.Tensor),
+    (aten.split_with_sizes_copy.default, aten.split_with_sizes.default),
+    (aten.narrow_copy.default, aten.narrow.default),
+    (aten.detach_copy.default, aten.alias.default),
+]
+for _copy_op, _view_op in _VIEW_COPIES:
+    register(_copy_op)(_make_view_copy(_view_op))
+
+
+@register(aten.diag_embed.default)
+def diag_embed(x, offset=0, dim1=-2, dim2=-1):
+    from neuron_eager.ops.copy import fill
+    from neuron_eager.ops.elementwise import copy_into
+
+    meta = torch.diag_embed(meta_like(x), offset, dim1, dim2)
+    out = fill(T.empty(meta.shape, x.dtype), 0)
+    copy_into(make_view(aten.diagonal.default)(out, offset, dim1, dim2), x)
+    return out
+
+
+def _shuffle(x, shape, order, final):
+    """Reshape, permute, and copy into the final shape: pixel/channel shuffles are data moves."""
+    from neuron_eager.ops.copy import clone
+
+    moved = make_view(aten.permute.default)(aten.reshape.default(x, shape), order)
+    return aten.view.default(clone(moved, memory_format=torch.contiguous_format), final)
+
+
+@register(aten.pixel_shuffle.default)
+def pixel_shuffle(x, upscale_factor):
+    torch.pixel_shuffle(meta_like(x), upscale_factor)  # CPU-identical argument errors
+    r, lead = upscale_factor, list(x.shape[:-3])
+    c, h, w = x.shape[-3:]
+    n = len(lead)
+    order = list(range(n)) + [n, n + 3, n + 1, n + 4, n + 2]
+    return _shuffle(x, lead + [c // (r * r), r, r, h, w], order, lead + [c // (r * r), h * r,
+                                                                       w * r])
+
+
+@register(aten.pixel_unshuffle.default)
+def pixel_unshuffle(x, downscale_factor):
+    torch.pixel_unshuffle(meta_like(x), downscale_factor)
+    r, lead = downscale_factor, list(x.shape[:-3])
+    c, h, w = x.shape[-3:]
+    n = len(lead)
+    order = list(range(n)) + [n, n + 2, n + 4, n + 1, n + 3]
+    return _shuffle(x, lead + [c, h // r, r, w // r, r], order, lead + [c * r * r, h // r,
+                                                                       w // r])
+
+
+@register(aten.channel_shuffle.default, aten.native_channel_shuffle.default)
+def channel_shuffle(x, groups):
+    torch.nn.functional.channel_shuffle(meta_like(x), groups)
+    n, c = x.shape[0], x.shape[1]
+    rest = list(x.shape[2:])
+    order = [0, 2, 1] + list(range(3, 3 + len(rest)))
+    return _shuffle(x, [n, groups, c // groups] + rest, order, [n, c] + rest)
