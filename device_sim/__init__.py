@@ -2,9 +2,9 @@
 
 This layer knows nothing about torch; it deals in bytes, engines and counts.
 """
-from neuron_eager.device_sim.config import config
-from neuron_eager.device_sim.core import NeuronCore, core
-from neuron_eager.device_sim.hbm import Block, CachingAllocator, OutOfMemory
-from neuron_eager.device_sim.spec import CHIPS, ChipSpec
+from .config import config
+from .core import NeuronCore, core
+from .hbm import Block, CachingAllocator, OutOfMemory
+from .spec import CHIPS, ChipSpec
 
 __all__ = ["config", "NeuronCore", "core", "Block", "CachingAllocator", "OutOfMemory", "CHIPS", "ChipSpec"]

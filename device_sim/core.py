@@ -6,9 +6,9 @@ read to prove that the device, not the host, did the work.
 """
 from __future__ import annotations
 
-from neuron_eager.device_sim.config import config
-from neuron_eager.device_sim.hbm import CachingAllocator
-from neuron_eager.device_sim.spec import CHIPS, ChipSpec
+from .config import config
+from .hbm import CachingAllocator
+from .spec import CHIPS, ChipSpec
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 
