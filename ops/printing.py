@@ -20,9 +20,9 @@ def tensor_repr(t) -> str:
     suffixes = [f"device='{t.device}'"]
     if t.numel() == 0 and t.dim() != 1:
         suffixes.append(f"size={tuple(t.shape)}")
-    if t.dtype not in _DEFAULT_DTYPES and t.dtype != torch.get_default_dtype():
-        suffixes.append(f"dtype={t.dtype}")
-    elif t.numel() == 0 and t.dtype != torch.get_default_dtype() and t.dtype != torch.int64:
+    # PyTorch names int64/bool only when the tensor is empty (the values can't show it)
+    implied = t.dtype == torch.get_default_dtype() or (t.dtype in _DEFAULT_DTYPES and t.numel())
+    if not implied:
         suffixes.append(f"dtype={t.dtype}")
     if t.grad_fn is not None:
         suffixes.append(f"grad_fn=<{type(t.grad_fn).__name__}>")

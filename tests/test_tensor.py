@@ -68,7 +68,9 @@ def test_factories():
 def test_repr_matches_pytorch_format():
     cases = [torch.tensor([1.5, -2.0]), torch.tensor([[1, 2], [3, 4]]),
              torch.tensor([0.25], dtype=torch.bfloat16), torch.tensor(3.0), torch.empty(0, 3),
-             torch.tensor([True, False]), torch.arange(2000.0)]
+             torch.tensor([True, False]), torch.arange(2000.0),
+             torch.tensor([], dtype=torch.int64), torch.empty(0, 3, dtype=torch.int64),
+             torch.tensor([], dtype=torch.bool), torch.empty(0, dtype=torch.bfloat16)]
     for t in cases:
         want = repr(t)[:-1] + ", device='neuron:0')"
         if "dtype=" in want or "size=" in want:
