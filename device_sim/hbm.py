@@ -68,9 +68,7 @@ class Block:
         return "small_pool" if self.size < SMALL_LIMIT else "large_pool"
 
 
-# Tracked per pool; "active" equals "allocated" here because blocks are never split.
-_METRICS = ("allocated_bytes", "reserved_bytes", "requested_bytes", "allocation", "segment")
-_POOLS = ("all", "small_pool", "large_pool")
+# "active" equals "allocated" here because blocks are never split.
 # Live counters, per pool (0 = large, 1 = small), in a flat list for the hot path:
 # allocated bytes, requested bytes, allocations; each as (current, cumulative, peak).
 _LIVE = ("allocated_bytes", "requested_bytes", "allocation")

@@ -260,9 +260,6 @@ def _run_sliced(op, operands, params, out):
     return out
 
 
-CONVERT = Elementwise("convert", numerics.identity)
-
-
 def copy_into(dst: NeuronTensor, src: NeuronTensor) -> NeuronTensor:
     """dst[...] = src, broadcasting src and converting its dtype with Trainium rounding."""
     if src.dtype == dst.dtype:  # a DMA; NumPy handles overlapping views

@@ -141,11 +141,6 @@ def compute_type(dtype: torch.dtype) -> str:
 
 
 @njit(inline="always")
-def _id(x):
-    return x
-
-
-@njit
 def identity(x):
     return x
 
@@ -160,7 +155,7 @@ def _decoder(code: str):
         return njit(inline="always")(lambda x: np.float32(x))
     if code == "i64":
         return njit(inline="always")(lambda x: np.int64(np.int32(x)))  # computed in 32 bits
-    return _id
+    return identity
 
 
 _CASTS = {
@@ -179,7 +174,7 @@ def loader(code: str, compute: str):
     if fn is None:
         decode, cast = _decoder(code), _CASTS[compute]
         if code == "b" and compute == "bool":
-            fn = _id
+            fn = identity
         else:
             fn = njit(inline="always")(lambda x: cast(decode(x)))
         _loaders[key] = fn
@@ -229,8 +224,4 @@ SCALAR_CAST = {"f32": np.float32, "bool": bool, "int": np.int64}
 
 def scalar_for(value, compute: str):
     """A Python scalar as a kernel argument in the compute type."""
-    if compute == "f32":
-        return np.float32(value)
-    if compute == "bool":
-        return bool(value)
-    return np.int64(value)
+    return SCALAR_CAST[compute](value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections import Counter
+from functools import partial
 
 import torch
 from torch._decomp import decomposition_table
@@ -42,18 +43,17 @@ _DECOMP_SKIP = {aten._to_copy.default, aten.clone.default}
 
 
 device_error = T.device_error
-_check_foreign = T.check_foreign
 
 
 def check_devices(args) -> None:
     for a in args:
         if isinstance(a, torch.Tensor):
             if type(a) is not NeuronTensor:
-                _check_foreign(a)
+                T.check_foreign(a)
         elif type(a) is list or type(a) is tuple:
             for b in a:
                 if isinstance(b, torch.Tensor) and type(b) is not NeuronTensor:
-                    _check_foreign(b)
+                    T.check_foreign(b)
 
 
 # id(OpOverload) -> [kernel, check devices?, native runs]. OpOverload hashes in Python, so the
@@ -144,7 +144,7 @@ def _make_plan(func):
         return cpu_fallback
     functional = _functional_of(func) if (_is_inplace(func) or _out_args(func)) else None
     if functional is not None and functional in KERNELS:
-        return _run_inplace if _is_inplace(func) else _run_out
+        return partial(_run_inplace if _is_inplace(func) else _run_out, functional)
     if func in decomposition_table and func not in _DECOMP_SKIP and \
             _uses_aten_only(decomposition_table[func]):
         return _run_decomposition
@@ -175,17 +175,13 @@ def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") 
     aten.copy_.default(dst, result)
 
 
-def _run_inplace(func, args, kwargs):
-    functional = _functional_cache.get(func) or _functional_cache.setdefault(
-        func, _functional_of(func))
+def _run_inplace(functional, func, args, kwargs):
     result = functional(*args, **kwargs)
     write_result(args[0], result, "inplace")
     return args[0]
 
 
-def _run_out(func, args, kwargs):
-    functional = _functional_cache.get(func) or _functional_cache.setdefault(
-        func, _functional_of(func))
+def _run_out(functional, func, args, kwargs):
     names = _out_args(func)
     kwargs = dict(kwargs)
     outs = [kwargs.pop(n) for n in names]
@@ -196,9 +192,6 @@ def _run_out(func, args, kwargs):
             raise device_error(dst.device)
         write_result(dst, res)
     return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-_functional_cache: dict = {}
 
 
 def _run_decomposition(func, args, kwargs):
