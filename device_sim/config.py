@@ -49,6 +49,27 @@ class Config:
     launch_blocking: bool = field(default_factory=lambda: _flag("NEURON_LAUNCH_BLOCKING", False))
     # Adaptive eager (fused regions) on at import.
     adaptive: bool = field(default_factory=lambda: _flag("NEURON_EAGER_ADAPTIVE", False))
+    # The Neuron compiler's --auto-cast: which fp32 ops compute on rounded inputs
+    # ("none", "matmult": matmuls and convolutions, "all": elementwise ops too) ...
+    auto_cast: str = field(default_factory=lambda: os.environ.get("NEURON_EAGER_AUTO_CAST",
+                                                                  "none"))
+    # ... and --auto-cast-type: the type they are rounded to ("bf16", "fp16" or "tf32").
+    auto_cast_type: str = field(
+        default_factory=lambda: os.environ.get("NEURON_EAGER_AUTO_CAST_TYPE", "bf16"))
+
+    def __setattr__(self, name, value):
+        if name in _CHOICES and value not in _CHOICES[name][0]:
+            choices, env = _CHOICES[name]
+            raise ValueError(f"neuron_eager.config.{name} (environment {env}) must be one of "
+                             f"{', '.join(map(repr, choices))}, not {value!r}")
+        super().__setattr__(name, value)
+        if name in _NUMERICS:  # one value for kernel caches to key on
+            super().__setattr__("numerics_key", tuple(getattr(self, n, None) for n in _NUMERICS))
+
+
+_CHOICES = {"auto_cast": (("none", "matmult", "all"), "NEURON_EAGER_AUTO_CAST"),
+            "auto_cast_type": (("bf16", "fp16", "tf32"), "NEURON_EAGER_AUTO_CAST_TYPE")}
+_NUMERICS = ("stochastic_rounding", "auto_cast", "auto_cast_type")
 
 
 config = Config()

@@ -15,6 +15,8 @@ from numba import njit
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.arithmetic import define
+from neuron_eager.ops.fastmath import (cos_f32, erf_f32, exp_f32, log_f32, sigmoid_f32,  # noqa: F401
+                                      sin_f32, tanh_f32)
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.registry import register
 
@@ -29,13 +31,9 @@ _GELU_KAPPA = f32(0.044715)
 
 
 # -- transcendentals: one helper each, the only place a function's accuracy is decided -----
-# Note [Transcendentals]: these call libm through Numba (correctly rounded to ~1 ulp in fp32).
-# The Scalar engine approximates them; a later change may swap in polynomials here.
-@njit(**JIT_OPTIONS)
-def exp_f32(x):
-    return np.exp(f32(x))
-
-
+# Note [Transcendentals]: exp, log, tanh, sigmoid, erf, sin and cos are the in-kernel
+# approximations of ops/fastmath.py (errors measured in docs/numerics.md); the rest call libm
+# through Numba (correctly rounded to ~1 ulp in fp32, but scalar calls: slower).
 @njit(**JIT_OPTIONS)
 def exp2_f32(x):
     return np.exp2(f32(x))
@@ -44,11 +42,6 @@ def exp2_f32(x):
 @njit(**JIT_OPTIONS)
 def expm1_f32(x):
     return np.expm1(f32(x))
-
-
-@njit(**JIT_OPTIONS)
-def log_f32(x):
-    return np.log(f32(x))
 
 
 @njit(**JIT_OPTIONS)
@@ -67,28 +60,8 @@ def log1p_f32(x):
 
 
 @njit(**JIT_OPTIONS)
-def tanh_f32(x):
-    return np.tanh(f32(x))
-
-
-@njit(**JIT_OPTIONS)
-def erf_f32(x):
-    return f32(math.erf(f32(x)))
-
-
-@njit(**JIT_OPTIONS)
 def erfc_f32(x):
     return f32(math.erfc(f32(x)))
-
-
-@njit(**JIT_OPTIONS)
-def sin_f32(x):
-    return np.sin(f32(x))
-
-
-@njit(**JIT_OPTIONS)
-def cos_f32(x):
-    return np.cos(f32(x))
 
 
 @njit(**JIT_OPTIONS)
@@ -134,11 +107,6 @@ def acosh_f32(x):
 @njit(**JIT_OPTIONS)
 def atanh_f32(x):
     return np.arctanh(f32(x))
-
-
-@njit(**JIT_OPTIONS)
-def sigmoid_f32(x):
-    return _1 / (_1 + exp_f32(-x))
 
 
 # -- unary math: int and bool inputs compute in float32 -----------------------------------

@@ -8,6 +8,8 @@ op's scalar function runs, and the result is rounded once into the output.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -112,6 +114,32 @@ def result_type(*operands) -> torch.dtype:
 _SCALAR_TYPES = (float, int, bool)
 _fast_plans: dict = {}
 
+# Large contiguous kernels run in slices on a thread pool (the kernels release the GIL), as
+# the engines' 128 partitions work side by side. Stochastic kernels don't split: their noise
+# is seeded per launch on the calling thread (Note [stochastic rounding noise]).
+SPLIT_MIN = 1 << 18
+_WORKERS = min(os.cpu_count() or 1, 8)
+_pool: ThreadPoolExecutor | None = None
+
+
+def _split_call(kernel, out_arr: np.ndarray, args: list) -> None:
+    """kernel(out_arr, *args) over flat arrays of out_arr's length, in _WORKERS slices."""
+    global _pool
+    if _WORKERS == 1 or hasattr(kernel, "py_kernel"):
+        kernel(out_arr, *args)
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="neuron-engine")
+    n = out_arr.shape[0]
+    bounds = [n * i // _WORKERS for i in range(_WORKERS + 1)]
+    jobs = [_pool.submit(kernel, out_arr[lo:hi],
+                         *[a[lo:hi] if isinstance(a, np.ndarray) else a for a in args])
+            for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    kernel(out_arr[:bounds[1]], *[a[:bounds[1]] if isinstance(a, np.ndarray) else a
+                                  for a in args])
+    for job in jobs:
+        job.result()
+
 
 def _run_contiguous(op: Elementwise, operands, params):
     """The common case in one pass: contiguous same-shape tensors and Python scalars.
@@ -119,7 +147,7 @@ def _run_contiguous(op: Elementwise, operands, params):
     Returns None when the operands need the general path.
     """
     shape = None
-    signature = [op, config.stochastic_rounding]
+    signature = [op, config.numerics_key]
     for a in operands:
         kind = type(a)
         if kind is NeuronTensor:
@@ -144,12 +172,14 @@ def _run_contiguous(op: Elementwise, operands, params):
     kernel, dtype, cast = plan
     out = T.new_contiguous(shape, dtype)
     out_arr = out._flat
-    if params:
-        kernel(out_arr, *[T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands],
-               *[cast(p) for p in params])
-    else:
-        kernel(out_arr, *[T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands])
     n = out_arr.size
+    args = [T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands]
+    if params:
+        args += [cast(p) for p in params]
+    if n < SPLIT_MIN:
+        kernel(out_arr, *args)
+    else:
+        _split_call(kernel, out_arr, args)
     core.launch(op.engine, n, n * out_arr.itemsize * (1 + len(operands)))
     return out
 
@@ -157,7 +187,8 @@ def _run_contiguous(op: Elementwise, operands, params):
 def _plan_contiguous(op, operands):
     dtype, compute = dtypes_for(op, operands)
     kinds = tuple("a" if type(a) is NeuronTensor else "s" for a in operands)
-    codes = tuple(numerics.CODE[a.dtype] if type(a) is NeuronTensor else "py" for a in operands)
+    codes = tuple(numerics.load_code(a.dtype) if type(a) is NeuronTensor else "py"
+                  for a in operands)
     stochastic = config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)
     kernel = kernelgen.elementwise_kernel(op.name, op.fn, op.nparams, kinds, codes, compute,
                                           numerics.CODE[dtype], "c", stochastic)
@@ -208,11 +239,11 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
     for a in operands:
         if isinstance(a, NeuronTensor) and (a.dim() or out.dim() == 0):
             kinds.append("a")
-            codes.append(numerics.CODE[a.dtype])
+            codes.append(numerics.load_code(a.dtype))
             args.append(a)
         elif isinstance(a, NeuronTensor):  # a neuron 0-dim tensor in a larger result
             kinds.append("s")
-            codes.append(numerics.CODE[a.dtype])
+            codes.append(numerics.load_code(a.dtype))
             args.append(a._nd[()])
         else:  # Python scalar or CPU 0-dim tensor, converted once on the host
             value = a.item() if isinstance(a, torch.Tensor) else a
@@ -241,7 +272,10 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
         numerics.CODE[out.dtype], layout,
         config.stochastic_rounding and out.dtype in (torch.bfloat16, torch.float16))
     cparams = [numerics.scalar_for(p, compute) for p in params]
-    kernel(out_arr, *args, *cparams)
+    if contiguous and n >= SPLIT_MIN:
+        _split_call(kernel, out_arr, [*args, *cparams])
+    else:
+        kernel(out_arr, *args, *cparams)
     moved = out_arr.size * out_arr.itemsize + sum(
         a.size * a.itemsize for a in args if isinstance(a, np.ndarray))
     core.launch(op.engine, n, moved)

@@ -70,7 +70,10 @@ def elementwise_kernel(name: str, fn, nparams: int, kinds: tuple, codes: tuple, 
     namespace = {"fn": fn, "store": numerics.storer(out_code, stochastic)}
     for i, (kind, code) in enumerate(zip(kinds, codes)):
         namespace[f"load{i}"] = numerics.loader(code, compute)
-    kernel = _kernels[key] = jit_source(src, namespace, name)
+    kernel = jit_source(src, namespace, name)
+    if stochastic:
+        kernel = numerics.with_noise(kernel)
+    _kernels[key] = kernel
     return kernel
 
 

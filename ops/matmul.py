@@ -22,13 +22,18 @@ NeuronTensor = T.NeuronTensor
 # Note [PSUM accumulation]
 # The Tensor engine contracts at most 128 partitions per matmul and accumulates successive
 # matmuls into an fp32 PSUM tile. So: inputs are widened to fp32 (bf16 x bf16 products are
-# exact in fp32); within each chunk of TILE_K the products are summed in k order; the chunk
-# partial sums are added in order into the accumulator; alpha*acc + beta*C is formed in fp32
-# and rounded once to the output dtype. Integer products accumulate exactly in int64 and
-# wrap to the output dtype, as on the CPU. Results do not depend on TILE_M or TILE_N.
+# exact in fp32); each chunk of TILE_K is summed in fp32; the chunk sums are added in order
+# into the fp32 accumulator; alpha*acc + beta*C is formed in fp32 and rounded once to the
+# output dtype. Integer products accumulate exactly in int64 (in k order, tiled for the
+# cache) and wrap to the output dtype, as on the CPU.
+# The chunk product itself is BLAS sgemm on the staged chunk (fp32 registers, FMA): its
+# summation order within a chunk is the micro-kernel's, so float matmul bits may differ
+# between CPU models, as torch's own CPU results do. tests/ops/test_matmul.py checks the
+# chunk structure against a reference built from sgemm per chunk.
 TILE_K = 128
-TILE_M = 64  # cache blocking only
-TILE_N = 256  # cache blocking only
+TILE_M = 64  # cache blocking of the integer kernel only
+TILE_N = 256
+BLAS_MIN_WORK = 128 ** 3  # multiply-adds per product from which sgemm is called from Python
 
 stats = {"launches": 0}
 
@@ -61,16 +66,18 @@ def _widen_kernel(code: str):
     return kernel
 
 
-def widen(t: NeuronTensor) -> np.ndarray:
+def widen(t: NeuronTensor, auto_cast: bool = False) -> np.ndarray:
     """`flat(t)` in the compute type: fp32 for floats (exact for 16-bit floats; float64 is
-    computed as float32), int64 for integers. fp32 and int64 tensors are not copied."""
+    computed as float32), int64 for integers. fp32 and int64 tensors are not copied, unless
+    `auto_cast` (a matmul operand) and config.auto_cast round fp32 to a narrower type."""
     src = flat(t)
-    if t.dtype == torch.float32 or t.dtype == torch.int64:
+    code = numerics.load_code(t.dtype, "matmult") if auto_cast else numerics.CODE[t.dtype]
+    if code == "f32" or t.dtype == torch.int64:
         return src
     if not t.dtype.is_floating_point:
         return src.astype(np.int64)
     dst = np.empty(src.shape[0], np.float32)
-    _widen_kernel(numerics.CODE[t.dtype])(dst, src)
+    _widen_kernel(code)(dst, src)
     return dst
 
 
@@ -98,6 +105,8 @@ def narrow_into(out: NeuronTensor, values: np.ndarray) -> None:
             def kernel(dst, src):
                 for i in range(src.shape[0]):
                     dst[i] = store(src[i], np.random.randint(0, 4294967296))
+
+            kernel = numerics.with_noise(kernel)
         else:
             @njit(error_model="numpy", nogil=True)
             def kernel(dst, src):
@@ -114,7 +123,7 @@ def result_buffer(out: NeuronTensor) -> np.ndarray:
     return dst if dst.dtype == want else np.empty(dst.shape[0], want)
 
 
-# -- the kernel ------------------------------------------------------------------------------
+# -- the kernels -----------------------------------------------------------------------------
 @njit(error_model="numpy", nogil=True)
 def _chunk(part, ap, bp, mb, kt, nt):
     """part[:mb, :nt] = ap[:mb, :kt] @ bp[:kt, :nt], each sum in k order.
@@ -147,7 +156,7 @@ def _chunk(part, ap, bp, mb, kt, nt):
 
 @njit(error_model="numpy", nogil=True)
 def gemm_kernel(out, a, b, c, g, alpha, beta):
-    """Tiled gemm over flat compute arrays (all fp32 or all int64) with element strides.
+    """Tiled integer gemm over flat int64 arrays with element strides (exact in any order).
 
     g: B1, B2, BR, M, N, K; strides of A (b1, b2, br, m, k), B (b1, b2, br, k, n) and
     C (b1, b2, m, n); use_c. out is contiguous (B1, B2, M, N); the BR batch is summed.
@@ -196,6 +205,77 @@ def gemm_kernel(out, a, b, c, g, alpha, beta):
                             out[obase + i * N + nn] = v
 
 
+@njit(error_model="numpy", nogil=True)
+def gemm_f32_kernel(out, a, b, c, g, alpha, beta):
+    """fp32 gemm over flat arrays with element strides (layout of `g` as in gemm_kernel).
+
+    Each K-chunk is staged row-major (as DMA into SBUF) and multiplied by BLAS sgemm
+    (np.dot), whose micro-kernels sum the chunk in fp32 registers; the chunk sums are added
+    in order into the fp32 accumulator, then alpha*acc + beta*C is formed once.
+    """
+    B1, B2, BR, M, N, K = g[0], g[1], g[2], g[3], g[4], g[5]
+    a1, a2, ar, am, ak = g[6], g[7], g[8], g[9], g[10]
+    b1, b2, br, bk, bn = g[11], g[12], g[13], g[14], g[15]
+    c1, c2, cm, cn, use_c = g[16], g[17], g[18], g[19], g[20]
+    acc = np.empty((M, N), np.float32)
+    part = np.empty((M, N), np.float32)
+    for j1 in range(B1):
+        for j2 in range(B2):
+            acc[:] = 0
+            for jr in range(BR):
+                abase = j1 * a1 + j2 * a2 + jr * ar
+                bbase = j1 * b1 + j2 * b2 + jr * br
+                for k0 in range(0, K, TILE_K):
+                    kt = min(TILE_K, K - k0)
+                    ap = np.empty((M, kt), np.float32)
+                    bp = np.empty((kt, N), np.float32)
+                    for i in range(M):
+                        for kk in range(kt):
+                            ap[i, kk] = a[abase + i * am + (k0 + kk) * ak]
+                    for kk in range(kt):
+                        for nn in range(N):
+                            bp[kk, nn] = b[bbase + (k0 + kk) * bk + nn * bn]
+                    np.dot(ap, bp, part)
+                    acc += part
+            obase = (j1 * B2 + j2) * M * N
+            cbase = j1 * c1 + j2 * c2
+            for i in range(M):
+                for nn in range(N):
+                    v = alpha * acc[i, nn]
+                    if use_c:
+                        v += beta * c[cbase + i * cm + nn * cn]
+                    out[obase + i * N + nn] = v
+
+
+def _blas_gemm(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """acc (B1, B2, M, N) = sum over BR and K-chunks of a (B1, B2, BR, M, K) @ b (.., K, N).
+
+    Computes the transposed product into acc's Fortran view: acc^T += b_chunk^T @ a_chunk^T.
+    Chunks are staged row-major (as DMA into SBUF) so sgemm always runs untransposed: its
+    transposed variants may use dot-product kernels that sum in another order.
+    """
+    from scipy.linalg.blas import sgemm  # LAPACK/BLAS come with SciPy; imported when first used
+
+    acc[...] = 0
+    K = a.shape[-1]
+    for j1 in range(acc.shape[0]):
+        for j2 in range(acc.shape[1]):
+            c = acc[j1, j2].T
+            for jr in range(a.shape[2]):
+                for k0 in range(0, K, TILE_K):
+                    x = np.ascontiguousarray(b[j1, j2, jr, k0:k0 + TILE_K]).T
+                    y = np.ascontiguousarray(a[j1, j2, jr, :, k0:k0 + TILE_K]).T
+                    r = sgemm(1.0, x, y, 1.0, c, overwrite_c=1)
+                    if r.ctypes.data != c.ctypes.data:  # pragma: no cover - f2py copied c
+                        c[...] = r
+
+
+def _strided(flat_values: np.ndarray, shape, strides) -> np.ndarray:
+    item = flat_values.itemsize
+    return np.lib.stride_tricks.as_strided(flat_values, shape, [s * item for s in strides],
+                                           writeable=False)
+
+
 def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
                 c_strides=(0, 0, 0, 0), alpha=1, beta=0) -> np.ndarray:
     """The kernel on staged compute arrays: res (contiguous B1*B2*M*N) = beta*C + alpha*A@B.
@@ -203,11 +283,23 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
     dims = (B1, B2, BR, M, N, K); strides are in elements (0 broadcasts); BR is summed.
     """
     use_c = int(fc is not None and beta != 0)  # beta == 0 ignores C, NaN included (PyTorch)
-    g = np.array([*dims, *a_strides, *b_strides, *(c_strides if use_c else (0, 0, 0, 0)),
-                  use_c], np.int64)
+    B1, B2, BR, M, N, K = dims
     kind = res.dtype.type
-    if res.size:
-        gemm_kernel(res, fa.astype(kind, copy=False), fb.astype(kind, copy=False),
+    # Large products call sgemm from here with beta=1 (no extra pass over the accumulator);
+    # same bits as gemm_f32_kernel, except for vector shapes where np.dot picks gemv.
+    if res.size and kind is np.float32 and M * N * K >= BLAS_MIN_WORK and M > 1 and N > 1:
+        out = res.reshape(B1, B2, M, N)
+        _blas_gemm(out, _strided(fa.astype(kind, copy=False), (B1, B2, BR, M, K), a_strides),
+                   _strided(fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides))
+        if alpha != 1:
+            out *= kind(alpha)
+        if use_c:
+            out += kind(beta) * _strided(fc.astype(kind, copy=False), (B1, B2, M, N), c_strides)
+    elif res.size:
+        g = np.array([*dims, *a_strides, *b_strides,
+                      *(c_strides if use_c else (0, 0, 0, 0)), use_c], np.int64)
+        kernel = gemm_f32_kernel if kind is np.float32 else gemm_kernel
+        kernel(res, fa.astype(kind, copy=False), fb.astype(kind, copy=False),
                     (fc if use_c else fa).astype(kind, copy=False), g, kind(alpha), kind(beta))
     stats["launches"] += 1
     return res
@@ -224,7 +316,7 @@ def gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor, b
     if out.numel() == 0:
         return out
     use_c = c is not None and beta != 0
-    res = gemm_values(result_buffer(out), dims, widen(a), a_strides, widen(b), b_strides,
+    res = gemm_values(result_buffer(out), dims, widen(a, True), a_strides, widen(b, True), b_strides,
                       widen(c) if use_c else None, c_strides, alpha, beta)
     narrow_into(out, res)
     moved = out._nd.nbytes + sum(x._nd.nbytes for x in (a, b, c)[:2 + use_c])

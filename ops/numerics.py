@@ -15,6 +15,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from neuron_eager.device_sim import config
+
 # -- bit casts ---------------------------------------------------------------------------
 
 
@@ -145,8 +147,41 @@ def identity(x):
     return x
 
 
+@njit(inline="always")
+def round_to_tf32(x):
+    """fp32 -> the nearest value with a 10-bit mantissa (ties to even); inf/NaN unchanged."""
+    u = f32_as_u32(np.float32(x))
+    if (u & np.uint32(0x7F800000)) == np.uint32(0x7F800000):
+        return np.float32(x)
+    u = u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))
+    return u32_as_f32(u & np.uint32(0xFFFFE000))
+
+
+# fp32 inputs rounded on load, for auto-cast (see `load_code`)
+_AUTO_CAST_DECODERS = {
+    "f32>bf16": njit(inline="always")(lambda x: bf16_to_f32(f32_to_bf16(x))),
+    "f32>fp16": njit(inline="always")(lambda x: f16_to_f32(f32_to_f16(x))),
+    "f32>tf32": round_to_tf32,
+}
+
+
+def load_code(dtype: torch.dtype, scope: str = "all") -> str:
+    """The loader format for an input of `dtype` to an op of auto-cast `scope`.
+
+    Mirrors the Neuron compiler's --auto-cast: with config.auto_cast "matmult", fp32 inputs
+    of matmuls and convolutions (scope "matmult") are rounded to config.auto_cast_type; with
+    "all", fp32 inputs of elementwise ops too (scope "all").
+    """
+    if dtype == torch.float32 and config.auto_cast != "none" and (
+            scope == "matmult" or config.auto_cast == "all"):
+        return "f32>" + config.auto_cast_type
+    return CODE[dtype]
+
+
 def _decoder(code: str):
     """Stored element -> its natural engine value."""
+    if code in _AUTO_CAST_DECODERS:
+        return _AUTO_CAST_DECODERS[code]
     if code == "bf16":
         return bf16_to_f32
     if code == "f16":
@@ -225,3 +260,49 @@ SCALAR_CAST = {"f32": np.float32, "bool": bool, "int": np.int64}
 def scalar_for(value, compute: str):
     """A Python scalar as a kernel argument in the compute type."""
     return SCALAR_CAST[compute](value)
+
+
+# -- stochastic-rounding noise ---------------------------------------------------------------
+# Note [stochastic rounding noise]
+# Stochastic storers take 32 random bits per element from the calling thread's Numba RNG.
+# Before every stochastic kernel that RNG is reseeded from a stream derived from the device
+# seed (`torch.neuron.manual_seed` resets it) and a launch counter, so rounding noise is
+# reproducible under a seed and independent of the host, and turning stochastic rounding on
+# does not shift the device's other random numbers (dropout masks, randn...).
+_noise = {"seed": 0, "launch": 0}
+_MASK64 = (1 << 64) - 1
+
+
+@njit(nogil=True)
+def _seed_thread_rng(seed):
+    np.random.seed(seed)
+
+
+def reset_noise(seed: int) -> None:
+    _noise["seed"], _noise["launch"] = seed & _MASK64, 0
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: distinct launch numbers give unrelated seeds."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def seed_noise() -> None:
+    """Seed this thread's rounding noise for the next stochastic kernel launch."""
+    launch = _noise["launch"]
+    _noise["launch"] = launch + 1
+    _seed_thread_rng(_mix(_noise["seed"] ^ _mix(launch)) & 0xFFFFFFFF)
+
+
+def with_noise(kernel):
+    """`kernel`, seeding the rounding noise before each call (for stochastic kernels)."""
+
+    def run(*args):
+        seed_noise()
+        return kernel(*args)
+
+    run.py_kernel = kernel
+    return run

@@ -64,6 +64,8 @@ class Generator:
     def manual_seed(self, seed: int) -> "Generator":
         self._seed = int(seed) & 0xFFFFFFFFFFFFFFFF
         self._offset = 0
+        if "default_generator" not in globals() or self is default_generator:
+            numerics.reset_noise(self._seed)  # Note [stochastic rounding noise]
         return self
 
     def seed(self) -> int:

@@ -213,6 +213,8 @@ def kernel(family: str, in_dtype: torch.dtype, out_dtype: torch.dtype, compute: 
         k = _kernels[key] = specialize(
             FAMILIES[family], load=_part("load", in_code, compute),
             store=_part("store", out_code, stochastic), cast=_part("cast", compute))
+        if stochastic:
+            k = _kernels[key] = numerics.with_noise(k)
         kernelgen.stats["compiled"] += 1
     return k
 

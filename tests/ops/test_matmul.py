@@ -92,27 +92,33 @@ def test_matmul_vectors(seed):
 
 
 def _chunked_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Note [PSUM accumulation] in NumPy: fp32 sums in k order per 128-chunk, chunks in order."""
+    """Note [PSUM accumulation]: sgemm per 128-chunk (fp32), chunk sums added in order."""
+    from scipy.linalg.blas import sgemm
+
     acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
     for k0 in range(0, a.shape[1], 128):
-        part = np.zeros_like(acc)
-        for k in range(k0, min(k0 + 128, a.shape[1])):
-            part += a[:, k:k + 1] * b[k:k + 1, :]  # each product and sum rounded to fp32
-        acc += part
+        # computed transposed, as the kernels do (column-major BLAS on row-major chunks)
+        acc += sgemm(1.0, np.ascontiguousarray(b[k0:k0 + 128]).T,
+                     np.ascontiguousarray(a[:, k0:k0 + 128]).T).T
     return acc
 
 
+# (9, 300, 11) runs np.dot per chunk inside the Numba kernel, (140, 300, 170) calls sgemm
+# with beta=1 from Python: both must give the reference's bits.
+@pytest.mark.parametrize("mkn", [(9, 300, 11), (140, 300, 170)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_k_chunked_accumulation_is_what_is_computed(dtype, seed):
+def test_k_chunked_accumulation_is_what_is_computed(dtype, mkn, seed):
+    m, k, n = mkn
     # Values of wildly different magnitudes make every summation order give different bits.
-    a = (torch.randn(9, 300) * torch.logspace(-3, 3, 300)).to(dtype)
-    b = torch.randn(300, 11).to(dtype)
-    got = torch.mm(a.to("neuron"), b.to("neuron")).cpu()
+    a = (torch.randn(m, k) * torch.logspace(-3, 3, k)).to(dtype)
+    b = torch.randn(k, n).to(dtype)
     ref = _chunked_reference(a.float().numpy(), b.float().numpy())
-    assert torch.equal(got, torch.from_numpy(ref).to(dtype))  # bit for bit
+    for x, y in ((a, b), (a, b.t().contiguous().t())):  # a transposed operand too
+        got = torch.mm(x.to("neuron"), y.to("neuron")).cpu()
+        assert torch.equal(got, torch.from_numpy(ref).to(dtype))  # bit for bit
     flat = np.zeros_like(ref)
-    for k in range(300):  # one long fp32 sum: must differ, or the test proves nothing
-        flat += a.float().numpy()[:, k:k + 1] * b.float().numpy()[k:k + 1, :]
+    for i in range(k):  # one long fp32 sum: must differ, or the test proves nothing
+        flat += a.float().numpy()[:, i:i + 1] * b.float().numpy()[i:i + 1, :]
     assert not np.array_equal(flat, ref)
 
 

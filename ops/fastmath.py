@@ -1,0 +1,250 @@
+"""Fast fp32 transcendentals, as the Scalar engine computes them: in-kernel approximations.
+
+Numba's llvmlite has no vector math library, so `np.exp` in a kernel is a scalar libm call
+(~15 ns per element). These are range reductions plus polynomials in fp32 arithmetic that
+vectorise and run at memory speed. Their errors against torch's fp32 and against the exact
+values (float64 references) are measured over dense sweeps by
+`python -m neuron_eager.numerics_report`, which writes docs/numerics.md. Coefficients come from
+tools/fit_transcendentals.py.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from neuron_eager.ops.numerics import f32_as_u32, u32_as_f32
+
+JIT = dict(error_model="numpy", nogil=True)
+f32 = np.float32
+_INF = f32(np.inf)
+_NAN = f32(np.nan)
+
+
+def _split(value: float, bits: int) -> tuple[float, float]:
+    """value = hi + lo with hi holding `bits` significant bits (so n * hi is exact)."""
+    exponent = math.frexp(value)[1]
+    hi = math.floor(value * 2.0 ** (bits - exponent)) / 2.0 ** (bits - exponent)
+    return hi, value - hi
+
+
+# -- exp: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor polynomial to r^7 ---------------------
+_LN2_HI, _LN2_LO = (f32(v) for v in _split(math.log(2), 9))
+_LOG2E = f32(1 / math.log(2))
+_EXP_MAX = f32(88.72283)  # above: inf
+_EXP_MIN = f32(-103.97208)  # below: 0 (under half the smallest subnormal)
+_EXP_C = tuple(f32(1 / math.factorial(k)) for k in range(8))
+
+
+@njit(**JIT)
+def _pow2(k):
+    """2**k as fp32 for -126 <= k <= 127."""
+    return u32_as_f32(np.uint32((k + 127) << 23))
+
+
+@njit(**JIT)
+def exp_f32(x):  # Note [branch-free]
+    x = f32(x)
+    big = _INF if x == x else x  # overflow, +inf, NaN
+    tiny = x < _EXP_MIN
+    v = max(min(x, _EXP_MAX), _EXP_MIN)
+    n = np.floor(v * _LOG2E + f32(0.5))
+    r = (v - n * _LN2_HI) - n * _LN2_LO
+    c = _EXP_C
+    p = c[7] * r + c[6]
+    p = p * r + c[5]
+    p = p * r + c[4]
+    p = p * r + c[3]
+    p = p * r + c[2]
+    p = p * r + c[1]
+    p = p * r + c[0]
+    k = np.int32(n)
+    half = k >> 1  # two scalings keep 2**k inside the normal range, one rounding at the end
+    y = p * _pow2(half) * _pow2(k - half)
+    y = f32(0) if tiny else y
+    return y if x < _EXP_MAX else big
+
+
+# -- log: x = m 2^e, m in [sqrt(1/2), sqrt(2)), log(m) = 2 atanh(s) with s = (m-1)/(m+1) -------
+_SQRT2 = f32(math.sqrt(2))
+_LOG_C = tuple(f32(2 / (2 * k + 1)) for k in range(1, 5))  # 2/3, 2/5, 2/7, 2/9
+_TWO23 = f32(2.0 ** 23)
+
+
+@njit(**JIT)
+def log_f32(x):
+    x = f32(x)
+    if not x > f32(0) or x == _INF:  # 0, negatives, NaN, +inf
+        if x == f32(0):
+            return -_INF
+        return x if (x != x or x == _INF) else _NAN
+    e = np.int32(0)
+    if x < f32(1.17549435e-38):  # subnormal: scale into the normal range first
+        x = x * _TWO23
+        e = np.int32(-23)
+    bits = f32_as_u32(x)
+    e += np.int32(bits >> np.uint32(23)) - np.int32(127)
+    m = u32_as_f32((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000))
+    if m > _SQRT2:
+        m = m * f32(0.5)
+        e += 1
+    f = m - f32(1)  # exact
+    s = f / (f32(2) + f)
+    z = s * s
+    c = _LOG_C
+    r = z * (c[0] + z * (c[1] + z * (c[2] + z * c[3])))
+    hf = f32(0.5) * f * f
+    log_m = f - (hf - s * (hf + r))  # = 2s + 2s^3/3 + ..., arranged to keep f's bits exact
+    ef = f32(e)
+    return ef * _LN2_HI + (log_m + ef * _LN2_LO)
+
+
+# -- tanh: odd polynomial near 0, 1 - 2/(e^2|x| + 1) beyond ----------------------------------
+_TANH_Q = tuple(f32(v) for v in (
+    -0.3333333326584929, 0.13333310765282577, -0.05396049174509566, 0.021776904598959423,
+    -0.00836582363676626, 0.0023141252280051787))
+
+
+# Note [branch-free]: each candidate is computed for every element and one is selected, so
+# LLVM turns the choice into vector selects and the loop vectorises (branches would not).
+@njit(**JIT)
+def tanh_f32(x):
+    x = f32(x)
+    a = abs(x)
+    z = x * x
+    c = _TANH_Q
+    q = c[0] + z * (c[1] + z * (c[2] + z * (c[3] + z * (c[4] + z * c[5]))))
+    small = x + x * z * q
+    e = exp_f32(f32(2) * min(a, f32(9.1)))
+    t = f32(1) - f32(2) / (e + f32(1))  # rounds to exactly 1 from |x| = 9.1 on
+    large = t if x > 0 else -t
+    r = small if a < f32(0.625) else large
+    return r if x == x else x
+
+
+@njit(**JIT)
+def sigmoid_f32(x):
+    return f32(1) / (f32(1) + exp_f32(-f32(x)))
+
+
+# -- erf: x Q(x^2) below 0.84, 1 - erfc polynomials up to 3.92, +-1 beyond -----------------------
+_ERF_SMALL = tuple(f32(v) for v in (
+    1.1283791670945957, -0.3761263887254317, 0.11283790624159427, -0.02686604288914533,
+    0.005223228374287174, -0.0008524629310984505, 0.000116384635616313, -1.1017690659127515e-05))
+_ERFC_MID = tuple(f32(v) for v in (
+    0.031586503380273516, -0.1119595351152126, 0.1701784469550649, -0.13512772404243714,
+    0.045972086138158626, 0.012588504215690549, -0.018648102770650564, 0.0050929204861793744,
+    0.002105214962362903, -0.0016727341026608192, 4.8920999825853375e-05,
+    0.00021304125384490714))
+_ERFC_TAIL = tuple(f32(v) for v in (
+    1.5081754858161957e-05, -9.678395631466503e-05, 0.00029620430722886274,
+    -0.0005725782661721781, 0.0007767321726823825, -0.0007745707246400665,
+    0.0005856682082358111, -0.00034105834211710785, 0.00012949259185427329,
+    -3.6576162621247957e-06, -1.4838799051203125e-05))
+
+
+@njit(**JIT)
+def _horner12(c, t):
+    p = c[11]
+    for i in range(10, -1, -1):
+        p = p * t + c[i]
+    return p
+
+
+@njit(**JIT)
+def _horner11(c, t):
+    p = c[10]
+    for i in range(9, -1, -1):
+        p = p * t + c[i]
+    return p
+
+
+@njit(**JIT)
+def erf_f32(x):  # Note [branch-free]
+    x = f32(x)
+    a = abs(x)
+    z = x * x
+    c = _ERF_SMALL
+    q = c[6] + z * c[7]
+    q = c[5] + z * q
+    q = c[4] + z * q
+    q = c[3] + z * q
+    q = c[2] + z * q
+    q = c[1] + z * q
+    q = (c[0] - f32(1)) + z * q  # c[0] - 1 is exact; x + x*q keeps x's bits
+    small = x + x * q
+    mid = f32(1) - _horner12(_ERFC_MID, a - f32(1.52))
+    tail = f32(1) - _horner11(_ERFC_TAIL, min(a, f32(3.92)) - f32(3.06))
+    r = mid if a < f32(2.2) else tail
+    r = r if a < f32(3.92) else f32(1)
+    r = r if x > 0 else -r
+    r = small if a < f32(0.84) else r
+    return r if x == x else x
+
+
+# -- sin, cos: x = n pi/2 + r (three-part Cody-Waite), |r| <= pi/4, Taylor polynomials --------
+_PIO2_1, _rest = _split(math.pi / 2, 11)
+_PIO2_2, _rest = _split(_rest, 11)
+_PIO2_1, _PIO2_2, _PIO2_3 = f32(_PIO2_1), f32(_PIO2_2), f32(_rest)
+_TWO_OVER_PI = f32(2 / math.pi)
+_TRIG_MAX = f32(8192)  # n * _PIO2_1 stays exact below; beyond, libm reduces exactly
+_SIN_C = tuple(f32((-1) ** k / math.factorial(2 * k + 1)) for k in range(1, 5))
+_COS_C = tuple(f32((-1) ** k / math.factorial(2 * k)) for k in range(2, 6))
+
+
+@njit(**JIT)
+def _sin_poly(r):
+    z = r * r
+    c = _SIN_C
+    return r + r * z * (c[0] + z * (c[1] + z * (c[2] + z * c[3])))
+
+
+@njit(**JIT)
+def _cos_poly(r):
+    z = r * r
+    c = _COS_C
+    return f32(1) - f32(0.5) * z + z * z * (c[0] + z * (c[1] + z * (c[2] + z * c[3])))
+
+
+@njit(**JIT)
+def _reduce(x):
+    n = np.floor(x * _TWO_OVER_PI + f32(0.5))
+    r = ((x - n * _PIO2_1) - n * _PIO2_2) - n * _PIO2_3
+    return r, np.int32(n) & np.int32(3)
+
+
+@njit(**JIT)
+def sin_f32(x):
+    x = f32(x)
+    if not abs(x) < _TRIG_MAX:
+        return f32(np.sin(np.float64(x)))  # large, inf or NaN: exact reduction in libm
+    r, q = _reduce(x)
+    if q == 0:
+        return _sin_poly(r)
+    if q == 1:
+        return _cos_poly(r)
+    if q == 2:
+        return -_sin_poly(r)
+    return -_cos_poly(r)
+
+
+@njit(**JIT)
+def cos_f32(x):
+    x = f32(x)
+    if not abs(x) < _TRIG_MAX:
+        return f32(np.cos(np.float64(x)))
+    r, q = _reduce(x)
+    if q == 0:
+        return _cos_poly(r)
+    if q == 1:
+        return -_sin_poly(r)
+    if q == 2:
+        return -_cos_poly(r)
+    return _sin_poly(r)
+
+
+@njit(**JIT)
+def rsqrt_f32(x):
+    """1/sqrt(x): fp32 sqrt and division are correctly rounded instructions (<= 1 ulp)."""
+    return f32(1) / np.sqrt(f32(x))

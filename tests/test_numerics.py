@@ -1,0 +1,124 @@
+"""Trainium numerics: fast transcendentals in ulp, stochastic rounding, auto-cast."""
+import numpy as np
+import pytest
+import torch
+
+import neuron_eager
+from neuron_eager import numerics_report
+from neuron_eager.device_sim import config
+
+
+@pytest.mark.parametrize("spec", numerics_report.SPECS, ids=lambda s: s.name)
+def test_transcendentals_within_4_ulp_of_the_exact_value(spec):
+    row = numerics_report.measure(spec, 60_000)
+    assert row["vs_exact"] <= numerics_report.TARGET_ULP, row
+    # against torch: our error plus torch's own (gelu's reaches 4.6 ulp near x = -1)
+    assert row["vs_torch"] <= numerics_report.TARGET_ULP + 1, row
+
+
+def test_transcendentals_keep_special_values():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -1e-40,
+                      100.0, -100.0, 1e4, -1e4, 3e38])
+    for fn in (torch.exp, torch.tanh, torch.sigmoid, torch.erf, torch.sin, torch.cos, torch.log,
+               torch.nn.functional.gelu, torch.nn.functional.silu):
+        if fn is torch.nn.functional.gelu:  # torch's gelu(inf) is NaN and gelu(3e38) inf
+            x = x[x.abs() < 1e30]
+        got, want = fn(x.to("neuron")).cpu(), fn(x)
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=4e-7, atol=0,
+                                   msg=lambda m: f"{fn.__name__}: {m}")
+
+
+@pytest.fixture
+def stochastic():
+    config.stochastic_rounding = True
+    yield
+    config.stochastic_rounding = False
+
+
+def _between_bf16_neighbours(n: int, fraction: float) -> tuple[torch.Tensor, float]:
+    """bf16 ones and the fp32 offset `fraction` of a bf16 ulp above 1."""
+    return torch.ones(n, dtype=torch.bfloat16, device="neuron"), fraction * 2.0 ** -7
+
+
+def test_stochastic_rounding_is_unbiased(stochastic):
+    ones, delta = _between_bf16_neighbours(200_000, 0.3)
+    got = (ones + delta).float().cpu()  # fp32 1 + delta, rounded stochastically to bf16
+    assert set(got.unique().tolist()) == {1.0, 1.0 + 2.0 ** -7}  # only the two neighbours
+    bias = (got.double().mean().item() - (1 + delta)) / 2.0 ** -7
+    assert abs(bias) < 0.01, bias  # in bf16 ulps; round-to-nearest would be -0.3
+    config.stochastic_rounding = False
+    nearest = (ones + delta).float().cpu()
+    assert (nearest == 1.0).all()  # the same sum rounded to nearest: biased, the test can fail
+
+
+def test_stochastic_rounding_is_reproducible_under_manual_seed(stochastic):
+    ones, delta = _between_bf16_neighbours(10_000, 0.5)
+
+    def run(seed):
+        torch.neuron.manual_seed(seed)
+        return [(ones + delta).cpu(), (ones * (1 + delta)).sum(0, keepdim=True).cpu(),
+                torch.mm(ones.view(100, 100), ones.view(100, 100) * delta).cpu()]
+
+    first, again, other = run(0), run(0), run(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[0], other[0])
+
+
+def test_stochastic_rounding_does_not_shift_other_random_numbers():
+    torch.neuron.manual_seed(3)
+    plain = torch.rand(1000, device="neuron").cpu()
+    config.stochastic_rounding = True
+    try:
+        torch.neuron.manual_seed(3)
+        ones = torch.ones(64, dtype=torch.bfloat16, device="neuron")
+        (ones + 1e-3).cpu()  # consumes rounding noise
+        noisy = torch.rand(1000, device="neuron").cpu()
+    finally:
+        config.stochastic_rounding = False
+    assert torch.equal(plain, noisy)
+
+
+@pytest.fixture
+def auto_cast():
+    yield config
+    config.auto_cast, config.auto_cast_type = "none", "bf16"
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """Round fp32 to 10 mantissa bits, ties to even (NumPy reference)."""
+    u = x.numpy().view(np.uint32).astype(np.uint64)
+    u = (u + 0xFFF + ((u >> 13) & 1)) & 0xFFFFE000
+    return torch.from_numpy(u.astype(np.uint32).view(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp16", "tf32"])
+def test_auto_cast_matmult_rounds_matmul_operands(auto_cast, kind, seed):
+    a, b = torch.randn(48, 300), torch.randn(300, 40)
+    rounded = {"bf16": lambda t: t.bfloat16().float(), "fp16": lambda t: t.half().float(),
+               "tf32": _tf32}[kind]
+    # the same product computed without auto-cast on pre-rounded operands
+    want = torch.mm(rounded(a).to("neuron"), rounded(b).to("neuron")).cpu()
+    plain = torch.mm(a.to("neuron"), b.to("neuron")).cpu()
+    assert not torch.equal(plain, want)  # rounding the operands changes the product
+    auto_cast.auto_cast, auto_cast.auto_cast_type = "matmult", kind
+    got = torch.mm(a.to("neuron"), b.to("neuron"))
+    assert got.dtype == torch.float32
+    assert torch.equal(got.cpu(), want)
+    torch.testing.assert_close(got.cpu(), rounded(a) @ rounded(b), rtol=1e-5, atol=1e-4)
+
+
+def test_auto_cast_all_rounds_elementwise_inputs_too(auto_cast, seed):
+    x = torch.randn(1000)
+    want = torch.exp(x.bfloat16().float().to("neuron")).cpu()
+    auto_cast.auto_cast = "matmult"
+    assert not torch.equal(torch.exp(x.to("neuron")).cpu(), want)  # matmult leaves exp alone
+    auto_cast.auto_cast = "all"
+    assert torch.equal(torch.exp(x.to("neuron")).cpu(), want)
+
+
+def test_auto_cast_settings_are_checked():
+    with pytest.raises(ValueError, match="auto_cast .*must be one of 'none', 'matmult', 'all'"):
+        neuron_eager.config.auto_cast = "everything"
+    with pytest.raises(ValueError, match="auto_cast_type"):
+        neuron_eager.config.auto_cast_type = "fp64"
+    assert config.auto_cast == "none" and config.auto_cast_type == "bf16"
