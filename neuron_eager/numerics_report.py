@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import math
 import platform
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,7 +48,8 @@ SPECS = [
     Spec("rsqrt", torch.rsqrt, lambda x: 1 / np.sqrt(x), (1e-45, 3.4e38)),
     Spec("gelu", torch.nn.functional.gelu,
          lambda x: 0.5 * x * special.erfc(-x / math.sqrt(2)), (-10.0, 10.0), (-1.0, 10.0),
-         "torch's formula x/2 (1 + erf(x/sqrt 2)) cancels below -1, in torch and here alike"),
+         "torch's formula x/2 (1 + erf(x/sqrt 2)) cancels below -1, in torch and here alike: "
+         "largest absolute error on the sweep {abs_err:.2g} (torch {torch_abs_err:.2g})"),
     Spec("silu", torch.nn.functional.silu, lambda x: x / (1 + np.exp(-x)), (-88.0, 88.0)),
 ]
 
@@ -88,9 +88,7 @@ def ulp_vs_exact(values: np.ndarray, exact: np.ndarray) -> np.ndarray:
 def measure(spec: Spec, points: int) -> dict:
     x = sweep(*spec.domain, points)
     xt = torch.from_numpy(x)
-    start = time.perf_counter()
     ours = spec.op(xt.to("neuron")).cpu().numpy()
-    seconds = time.perf_counter() - start
     theirs = spec.op(xt).numpy()
     with np.errstate(all="ignore"):
         exact = spec.exact(x.astype(np.float64))
@@ -105,9 +103,9 @@ def measure(spec: Spec, points: int) -> dict:
         "name": spec.name, "domain": spec.domain, "ulp_domain": spec.ulp_domain or spec.domain,
         "points": int(x.size), "vs_torch": int(vs_torch[judged].max()),
         "vs_exact": float(ours_err[judged].max()), "torch_vs_exact": float(torch_err[judged].max()),
-        "abs_err": float(np.nanmax(np.abs(ours.astype(np.float64) - exact))),
-        "torch_abs_err": float(np.nanmax(np.abs(theirs.astype(np.float64) - exact))),
-        "worst_x": float(x[worst]), "ns_per_element": seconds / x.size * 1e9, "note": spec.note,
+        "worst_x": float(x[worst]),
+        "note": spec.note.format(abs_err=np.nanmax(np.abs(ours - exact)),
+                                 torch_abs_err=np.nanmax(np.abs(theirs - exact))),
     }
 
 
@@ -154,15 +152,18 @@ def markdown(rows: list[dict], points: int) -> str:
         "  reference); *torch vs exact*: the same for torch, for scale.",
         f"- Target: at most {TARGET_ULP} ulp.",
         "",
-        "| function | sweep | ulp judged on | vs torch (ulp) | vs exact (ulp) | torch vs exact (ulp) "
-        "| max abs error (torch's) | note |",
-        "|---|---|---|---|---|---|---|---|",
+        "",
+        "Against torch a function's error adds to torch's own: gelu lies 5 ulp from torch's result",
+        "near x = -1, where torch is itself 4.6 ulp from the exact value.",
+        "",
+        "| function | sweep | ulp judged on | vs torch (ulp) | vs exact (ulp) "
+        "| torch vs exact (ulp) | note |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['name']} | {_fmt_domain(r['domain'])} | {_fmt_domain(r['ulp_domain'])} "
-            f"| {r['vs_torch']} | {r['vs_exact']:.2f} | {r['torch_vs_exact']:.2f} "
-            f"| {r['abs_err']:.2g} ({r['torch_abs_err']:.2g}) | {r['note']} |")
+            f"| {r['vs_torch']} | {r['vs_exact']:.2f} | {r['torch_vs_exact']:.2f} | {r['note']} |")
     return "\n".join(lines) + "\n"
 
 

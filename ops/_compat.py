@@ -122,3 +122,19 @@ def install_pinned_memory_shim() -> None:
     _pin_lib = torch.library.Library("aten", "IMPL")
     _pin_lib.impl("_pin_memory", lambda self, device=None: self.clone(), "CPU")
     _pin_lib.impl("is_pinned", lambda self, device=None: False, "CPU")
+
+
+def torch_lapack_library():
+    """torch's own LAPACK (MKL, linked into libtorch_cpu) as a ctypes library, when it exports
+    the Fortran symbols the linear-algebra kernels call; None otherwise. The kernels call it
+    on NumPy buffers, as they call SciPy's LAPACK; no torch op runs."""
+    import ctypes
+    import os
+
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        lib = ctypes.CDLL(path)
+        lib.sgesdd_, lib.ssyevd_  # noqa: B018  (both present, or use SciPy's)
+        return lib
+    except (OSError, AttributeError):
+        return None

@@ -2,14 +2,18 @@
 
 Each op is a small jitted scalar function; `define` registers its functional,
 in-place and (via the router) out= forms. Constants are float32 so fp32 math
-stays fp32; integer math runs in int64 and wraps on store.
+stays fp32; integer math runs in int64 and wraps on store. Also here: integer-only
+gcd / lcm / shifts, frexp, allclose, hash_tensor (bit XOR) and renorm.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 from numba import njit
 
+from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops.registry import register
@@ -454,3 +458,173 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 @register(aten.nan_to_num_.default)
 def nan_to_num_(x, nan=None, posinf=None, neginf=None):
     return _nan_to_num_run(x, nan, posinf, neginf, out=x)
+
+
+# -- angle, frexp (real inputs) ----------------------------------------------------------
+@njit
+def _angle(x):
+    if x != x:
+        return x
+    return np.float32(np.pi) if x < 0 else np.float32(0)
+
+
+define("angle", _angle.py_func, [aten.angle.default], operands=1, kind="int_to_float")
+
+
+def _make_frexp(load, store):
+    @njit(error_model="numpy", nogil=True)
+    def frexp(mantissa, exponent, x):
+        for i in range(x.shape[0]):
+            m, e = math.frexp(load(x[i]))
+            mantissa[i] = store(m)
+            exponent[i] = e
+
+    return frexp
+
+
+_frexps: dict = {}
+
+
+@register(aten.frexp.Tensor)
+def frexp(x):
+    if not x.dtype.is_floating_point:
+        raise RuntimeError("torch.frexp() only supports floating-point dtypes")
+    code = numerics.CODE[x.dtype]
+    kernel = _frexps.get(code)
+    if kernel is None:  # a split of the bits: exact in any width, float64 included
+        if code == "f64":
+            kernel = _make_frexp(numerics.identity, numerics.identity)
+        else:
+            kernel = _make_frexp(numerics.loader(code, "f32"), numerics.storer(code))
+        _frexps[code] = kernel
+    src = x.contiguous()
+    mantissa, exponent = E.T.empty(x.shape, x.dtype), E.T.empty(x.shape, torch.int32)
+    if x.numel():
+        kernel(mantissa._nd.reshape(-1), exponent._nd.reshape(-1), src._nd.reshape(-1))
+        core.launch("vector", x.numel(), 3 * mantissa._nd.nbytes)
+    return mantissa, exponent
+
+
+# -- integer-only: gcd, lcm, shifts ------------------------------------------------------
+def _integer_only(op, operands, cpu_name):
+    dtype = E.dtypes_for(op, operands)[0]
+    if dtype.is_floating_point or dtype == torch.bool:
+        raise NotImplementedError(f"\"{cpu_name}\" not implemented for '{E.T.dtype_name(dtype)}'")
+
+
+@njit
+def _gcd(a, b):
+    a, b = abs(a), abs(b)
+    while a != 0:
+        a, b = b % a, a
+    return b
+
+
+@njit
+def _lcm(a, b):
+    g = _gcd(a, b)
+    return 0 if g == 0 else abs(a // g * b)
+
+
+@njit
+def _lshift(x, y):
+    # the CPU shifts the unsigned bits; shifting by the width or more (or negative) gives 0
+    return 0 if (y < 0 or y >= 64) else x << y
+
+
+@njit
+def _rshift(x, y):
+    # arithmetic shift; out-of-range amounts leave only the sign
+    return x >> 63 if (y < 0 or y >= 64) else x >> y
+
+
+def _integer_op(name, fn, cpu_name, functional, inplace=()):
+    op = E.Elementwise(name, fn)
+
+    def forward(x, y):
+        _integer_only(op, [x, y], cpu_name)
+        return E.run(op, [x, y])
+
+    def forward_(x, y):
+        _integer_only(op, [x, y], cpu_name)
+        return E.run(op, [x, y], out=x)
+
+    forward.checks_devices = forward_.checks_devices = True
+    register(*functional)(forward)
+    if inplace:
+        register(*inplace)(forward_)
+
+
+_integer_op("gcd", _gcd, "gcd_cpu", [aten.gcd.default])
+_integer_op("lcm", _lcm, "lcm_cpu", [aten.lcm.default])
+_integer_op("lshift", _lshift, "lshift_cpu",
+            [aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+             aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor,
+             aten.__lshift__.Scalar], [aten.__ilshift__.Tensor, aten.__ilshift__.Scalar])
+_integer_op("rshift", _rshift, "rshift_cpu",
+            [aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+             aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor,
+             aten.__rshift__.Scalar], [aten.__irshift__.Tensor, aten.__irshift__.Scalar])
+
+
+# -- allclose, hash_tensor ---------------------------------------------------------------
+@register(aten.allclose.default)
+def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    if x.dtype != other.dtype:
+        raise RuntimeError(f"{E.T.dtype_name(x.dtype)} did not match "
+                           f"{E.T.dtype_name(other.dtype)}")
+    close = aten.isclose.default(x, other, rtol, atol, equal_nan)
+    return bool(aten.all.default(close).item())  # the host reads the verdict back
+
+
+@njit(error_model="numpy", nogil=True)
+def _xor_rows(out, bits):
+    for r in range(bits.shape[0]):
+        h = np.uint64(0)
+        for c in range(bits.shape[1]):
+            h ^= bits[r, c]
+        out[r] = h
+
+
+@register(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    """XOR of the elements' bits after widening to float64 / int64 (mode 0), as the CPU."""
+    from neuron_eager.ops.views import meta_like
+
+    meta = aten.hash_tensor.default(meta_like(x), dim, keepdim=keepdim, mode=mode)
+    dims = sorted({d % max(x.dim(), 1) for d in dim}) if dim else list(range(x.dim()))
+    wide = E.copy_into(E.T.empty(x.shape, torch.float64 if x.dtype.is_floating_point
+                                 else torch.int64), x)  # exact widening
+    kept = [d for d in range(x.dim()) if d not in dims]
+    rows = E.T.numel([x.shape[d] for d in kept])
+    flat = wide.permute(kept + dims).contiguous() if x.dim() else wide
+    out = E.T.empty(meta.shape, torch.uint64)
+    if rows:
+        bits = flat._nd.reshape(-1).view(np.uint64).reshape(rows, x.numel() // rows)
+        _xor_rows(out._nd.reshape(-1), bits)
+    core.launch("vector", x.numel(), wide._nd.nbytes)
+    return out
+
+
+# -- renorm --------------------------------------------------------------------------------
+_RENORM_FACTOR = E.Elementwise("renorm_factor", njit(
+    lambda n, m: m / (n + np.float32(1e-7)) if n > m else np.float32(1)))
+_SCALE = E.Elementwise("renorm_scale", njit(lambda x, f: x * f))
+
+
+@register(aten.renorm.default)
+def renorm(x, p, dim, maxnorm):
+    """Slices along `dim` whose p-norm exceeds maxnorm are scaled down to it (fp32 norms)."""
+    from neuron_eager.ops.indexing import meta_call
+
+    # the CPU's wording for these two differs from the meta kernel's
+    if not p > 0:
+        raise RuntimeError("renorm: non-positive-norm not supported")
+    if maxnorm < 0:
+        raise RuntimeError(f"renorm: expected maxnorm to be >= 0 but got {maxnorm:g}")
+    meta_call(aten.renorm.default, x, p, dim, maxnorm)  # the remaining checks
+    dim = dim % x.dim()
+    dims = [d for d in range(x.dim()) if d != dim]
+    norm = aten.linalg_vector_norm.default(x, p, dims, True, dtype=torch.float32)
+    factor = E.run(_RENORM_FACTOR, [norm, maxnorm])
+    return E.run(_SCALE, [x, factor], out=E.T.empty(x.shape, x.dtype))

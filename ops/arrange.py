@@ -1,4 +1,5 @@
-"""Ops that rearrange whole blocks of a tensor: cat, stack, constant_pad_nd, repeat, flip, roll.
+"""Ops that rearrange whole blocks of a tensor: cat, stack, constant_pad_nd, repeat, flip, roll,
+rot90, resize_as_; and linspace / logspace given tensor bounds (arange-like generators).
 
 Part of the indexing family (imported by ops/indexing.py). Each is a handful of
 strided DMA transfers between views (a DMA descriptor may walk any stride,
@@ -11,9 +12,11 @@ import itertools
 
 import numpy as np
 import torch
+from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.registry import register
@@ -151,3 +154,117 @@ def roll(x, shifts, dims=()):
             dst[d], src[d] = ds, ss
         dma(out._nd[tuple(dst)], x._nd[tuple(src)])
     return out
+
+
+@register(aten.rot90.default)
+def rot90(x, k=1, dims=(0, 1)):
+    meta_call(aten.rot90.default, x, k, dims)  # the CPU's checks of dims
+    d0, d1 = dims
+    k %= 4
+    if k == 1:
+        return flip(x, [d1]).transpose(d0, d1).contiguous()
+    if k == 2:
+        return flip(x, [d0, d1])
+    if k == 3:
+        return flip(x, [d0]).transpose(d0, d1).contiguous()
+    return x.clone()
+
+
+@register(aten.resize_as_.default)
+def resize_as_(x, template, *, memory_format=None):
+    from neuron_eager.ops.views import resize_
+
+    return resize_(x, template.shape, memory_format)
+
+
+# -- linspace / logspace with tensor bounds, and logspace -----------------------------------
+@njit(error_model="numpy", nogil=True)
+def _logspace(out, start, end, step, base, store):
+    n = out.shape[0]
+    half = n // 2
+    for i in range(n):
+        e = start + step * i if i < half else end - step * (n - 1 - i)
+        out[i] = store(base ** e)
+
+
+_F64_STORE = {}
+
+
+def _store64(code):
+    fn = _F64_STORE.get(code)
+    if fn is None:
+        store = numerics.storer(code)
+        if code == "f64":
+            fn = njit(inline="always")(lambda v: np.float64(v))
+        elif code in numerics.FLOAT_CODES:
+            fn = njit(inline="always")(lambda v: store(np.float32(v)))
+        else:  # a C++ cast: truncation toward zero
+            fn = njit(inline="always")(lambda v: store(np.int64(v)))
+        _F64_STORE[code] = fn
+    return fn
+
+
+def _in_dtype(value, dtype):
+    """A bound as the CPU kernel holds it: truncated for integers, rounded for floats."""
+    if not dtype.is_floating_point:
+        return float(int(value))
+    code = numerics.CODE[dtype]
+    if code in ("bf16", "f16"):
+        bits = numerics.storer(code)(np.float32(value))
+        return float(numerics.loader(code, "f32")(bits))
+    return float(np.float32(value)) if code == "f32" else float(value)
+
+
+def _logspace_into(out, start, end, steps, base):
+    if steps == 1:
+        return fill(out, float(base) ** float(start))
+    if steps:  # the GpSimd engine computes the exponents and powers in float64, as the CPU
+        start, end = _in_dtype(start, out.dtype), _in_dtype(end, out.dtype)
+        step = _in_dtype(end - start, out.dtype) / (steps - 1)
+        _logspace(out._nd.reshape(-1), start, end, step, float(base),
+                  _store64(numerics.CODE[out.dtype]))
+        core.launch("gpsimd", steps, out._nd.nbytes)
+    return out
+
+
+@register(aten.logspace.out)
+def logspace_out(start, end, steps, base=10.0, *, out):
+    from neuron_eager.ops.router import write_result
+
+    meta = torch.logspace(start, end, steps, base, dtype=out.dtype, device="meta")
+    result = _logspace_into(T.empty(meta.shape, out.dtype), start, end, steps, base)
+    write_result(out, result)
+    return out
+
+
+def _bound(t, which, name):
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.dim() != 0:
+        raise RuntimeError(f"{name} only supports 0-dimensional start and end tensors, but got "
+                           f"{which} with {t.dim()} dimension(s).")
+    return t.item()  # the host reads the bound back
+
+
+def _logspace_tensor(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None,
+                     pin_memory=None):
+    start, end = _bound(start, "start", "logspace"), _bound(end, "end", "logspace")
+    meta = torch.logspace(start, end, steps, base, dtype=dtype, layout=layout, device="meta")
+    return _logspace_into(T.empty(meta.shape, meta.dtype), start, end, steps, base)
+
+
+def _linspace_tensor(start, end, steps, *, dtype=None, layout=None, device=None,
+                     pin_memory=None):
+    from neuron_eager.ops.factories import linspace
+
+    start, end = _bound(start, "start", "linspace"), _bound(end, "end", "linspace")
+    meta = torch.linspace(start, end, steps, dtype=dtype, layout=layout, device="meta")
+    if not meta.dtype.is_floating_point:  # the CPU truncates integer bounds first
+        start, end = int(start), int(end)
+    return linspace(start, end, steps, dtype=meta.dtype)
+
+
+register(aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar,
+         aten.logspace.Scalar_Tensor)(_logspace_tensor)
+register(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
+         aten.linspace.Scalar_Tensor)(_linspace_tensor)

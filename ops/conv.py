@@ -1,10 +1,9 @@
 """Convolution on the Tensor engine: aten.convolution and aten.convolution_backward.
 
-1-D and 2-D, with stride, padding, dilation, groups and bias, plain and transposed. The
+1-D, 2-D and 3-D, with stride, padding, dilation, groups and bias, plain and transposed. The
 input is unfolded into fp32 columns (im2col) and contracted with the weight by the matmul
 kernel (Note [PSUM accumulation] in matmul.py), bias added in fp32 before the one
 rounding. Gradients are matmuls too; col2im sums overlapping windows in fp32.
-3-D convolution falls back to the CPU.
 """
 from __future__ import annotations
 
@@ -23,98 +22,111 @@ NeuronTensor = T.NeuronTensor
 
 
 # -- kernels ---------------------------------------------------------------------------------
+# g: N, C, D, H, W, x strides (n, c, d, h, w), kd, kh, kw, Do, Ho, Wo, stride (d, h, w),
+#    padding (d, h, w), dilation (d, h, w). 1-D and 2-D convolutions have D = kd = 1.
 @njit(error_model="numpy", nogil=True)
 def im2col(cols, x, g):
-    """cols[n, (c*kh + i)*kw + j, ho*Wo + wo] = x[n, c, ho*sh - ph + i*dh, wo*sw - pw + j*dw].
-
-    g: N, C, H, W, x strides (n, c, h, w), kh, kw, Ho, Wo, sh, sw, ph, pw, dh, dw.
-    Out-of-range positions are the zero padding.
-    """
-    N, C, H, W, xn, xc, xh, xw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
-    kh, kw, Ho, Wo, sh, sw, ph, pw, dh, dw = g[8], g[9], g[10], g[11], g[12], g[13], g[14], \
-        g[15], g[16], g[17]
+    """cols[n, ((c*kd + a)*kh + i)*kw + j, (do*Ho + ho)*Wo + wo] = x[n, c, do*sd - pd + a*dd,
+    ho*sh - ph + i*dh, wo*sw - pw + j*dw]. Out-of-range positions are the zero padding."""
+    N, C, D, H, W, xn, xc, xd, xh, xw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], \
+        g[9]
+    kd, kh, kw, Do, Ho, Wo = g[10], g[11], g[12], g[13], g[14], g[15]
+    sd, sh, sw, pd, ph, pw, dd, dh, dw = g[16], g[17], g[18], g[19], g[20], g[21], g[22], \
+        g[23], g[24]
     zero = cols.dtype.type(0)
     o = 0
     for n in range(N):
         for c in range(C):
             base = n * xn + c * xc
-            for i in range(kh):
-                for j in range(kw):
-                    for ho in range(Ho):
-                        h = ho * sh - ph + i * dh
-                        inside = 0 <= h < H
-                        for wo in range(Wo):
-                            w = wo * sw - pw + j * dw
-                            if inside and 0 <= w < W:
-                                cols[o] = x[base + h * xh + w * xw]
-                            else:
-                                cols[o] = zero
-                            o += 1
+            for a in range(kd):
+                for i in range(kh):
+                    for j in range(kw):
+                        for do in range(Do):
+                            d = do * sd - pd + a * dd
+                            din = 0 <= d < D
+                            for ho in range(Ho):
+                                h = ho * sh - ph + i * dh
+                                inside = din and 0 <= h < H
+                                for wo in range(Wo):
+                                    w = wo * sw - pw + j * dw
+                                    if inside and 0 <= w < W:
+                                        cols[o] = x[base + d * xd + h * xh + w * xw]
+                                    else:
+                                        cols[o] = zero
+                                    o += 1
 
 
 @njit(error_model="numpy", nogil=True)
 def col2im(img, cols, g):
-    """The adjoint of im2col: img (contiguous N, C, H, W) += each column entry, window by
-    window in (i, j) order, in the compute type. g as for im2col (x strides unused)."""
-    N, C, H, W = g[0], g[1], g[2], g[3]
-    kh, kw, Ho, Wo, sh, sw, ph, pw, dh, dw = g[8], g[9], g[10], g[11], g[12], g[13], g[14], \
-        g[15], g[16], g[17]
+    """The adjoint of im2col: img (contiguous N, C, D, H, W) += each column entry, window by
+    window in (a, i, j) order, in the compute type. g as for im2col (x strides unused)."""
+    N, C, D, H, W = g[0], g[1], g[2], g[3], g[4]
+    kd, kh, kw, Do, Ho, Wo = g[10], g[11], g[12], g[13], g[14], g[15]
+    sd, sh, sw, pd, ph, pw, dd, dh, dw = g[16], g[17], g[18], g[19], g[20], g[21], g[22], \
+        g[23], g[24]
     o = 0
     for n in range(N):
         for c in range(C):
-            base = (n * C + c) * H * W
-            for i in range(kh):
-                for j in range(kw):
-                    for ho in range(Ho):
-                        h = ho * sh - ph + i * dh
-                        inside = 0 <= h < H
-                        for wo in range(Wo):
-                            w = wo * sw - pw + j * dw
-                            if inside and 0 <= w < W:
-                                img[base + h * W + w] += cols[o]
-                            o += 1
+            base = (n * C + c) * D * H * W
+            for a in range(kd):
+                for i in range(kh):
+                    for j in range(kw):
+                        for do in range(Do):
+                            d = do * sd - pd + a * dd
+                            din = 0 <= d < D
+                            for ho in range(Ho):
+                                h = ho * sh - ph + i * dh
+                                inside = din and 0 <= h < H
+                                for wo in range(Wo):
+                                    w = wo * sw - pw + j * dw
+                                    if inside and 0 <= w < W:
+                                        img[base + (d * H + h) * W + w] += cols[o]
+                                    o += 1
 
 
 # -- geometry --------------------------------------------------------------------------------
-def _four(t: torch.Tensor):
-    """(N, C, H, W) sizes and strides of a 3-D (N, C, L) or 4-D tensor."""
-    if t.dim() == 3:
-        return (t.shape[0], t.shape[1], 1, t.shape[2]), (t.stride(0), t.stride(1), 0,
-                                                         t.stride(2))
-    return tuple(t.shape), t.stride()
+def _five(t: torch.Tensor):
+    """(N, C, D, H, W) sizes and strides of a 3-D (N, C, L), 4-D or 5-D tensor."""
+    shape, stride = list(t.shape), list(t.stride())
+    while len(shape) < 5:
+        shape.insert(2, 1)
+        stride.insert(2, 0)
+    return tuple(shape), tuple(stride)
 
 
-def _pair(values, dims: int, fill: int):
+def _triple(values, dims: int, fill: int):
     values = list(values)
-    if len(values) == 1 and dims == 2:
-        values = values * 2
-    return (fill, values[0]) if dims == 1 else tuple(values)
+    if len(values) == 1:
+        values = values * dims
+    return (fill,) * (3 - dims) + tuple(values)
 
 
 class Conv:
-    """One non-transposed convolution: the `image` side (N, C, H, W) -> the `output` side
-    (N, O, Ho, Wo) with weight (O, C/G, kh, kw)."""
+    """One non-transposed convolution: the `image` side (N, C, D, H, W) -> the `output` side
+    (N, O, Do, Ho, Wo) with weight (O, C/G, kd, kh, kw)."""
 
     def __init__(self, image_shape, out_shape, weight_shape, stride, padding, dilation, groups):
         d = len(image_shape) - 2
-        as4 = (lambda s: (s[0], s[1], 1, s[2])) if d == 1 else tuple
-        self.N, self.C, self.H, self.W = as4(image_shape)
-        _, self.O, self.Ho, self.Wo = as4(out_shape)
-        self.kh, self.kw = as4(weight_shape)[2:]
-        self.stride, self.padding = _pair(stride, d, 1), _pair(padding, d, 0)
-        self.dilation, self.G = _pair(dilation, d, 1), groups
-        self.Og, self.CK = self.O // groups, self.C * self.kh * self.kw
-        self.CKg, self.L = self.CK // groups, self.Ho * self.Wo
+        as5 = lambda s: tuple(s[:2]) + (1,) * (3 - d) + tuple(s[2:])  # noqa: E731
+        self.N, self.C, self.D, self.H, self.W = as5(image_shape)
+        _, self.O, self.Do, self.Ho, self.Wo = as5(out_shape)
+        self.kd, self.kh, self.kw = as5(weight_shape)[2:]
+        self.stride, self.padding = _triple(stride, d, 1), _triple(padding, d, 0)
+        self.dilation, self.G = _triple(dilation, d, 1), groups
+        self.Og, self.CK = self.O // groups, self.C * self.kd * self.kh * self.kw
+        self.CKg, self.L = self.CK // groups, self.Do * self.Ho * self.Wo
 
-    def geometry(self, x_strides=(0, 0, 0, 0)) -> np.ndarray:
-        return np.array([self.N, self.C, self.H, self.W, *x_strides, self.kh, self.kw, self.Ho,
-                         self.Wo, *self.stride, *self.padding, *self.dilation], np.int64)
+    def geometry(self, x_strides=(0, 0, 0, 0, 0)) -> np.ndarray:
+        return np.array([self.N, self.C, self.D, self.H, self.W, *x_strides, self.kd, self.kh,
+                         self.kw, self.Do, self.Ho, self.Wo, *self.stride, *self.padding,
+                         *self.dilation], np.int64)
 
     def columns(self, image: NeuronTensor) -> np.ndarray:
-        """im2col of the image side, as compute values (N, CK, L)."""
-        _, strides = _four(image)
+        """im2col of the image side, as compute values (N, CK, L). Matmul operands here and
+        below are staged with `widen(.., True)`: config.auto_cast "matmult" rounds them."""
+        _, strides = _five(image)
         cols = np.empty(self.N * self.CK * self.L, compute_dtype(image.dtype))
-        im2col(cols, widen(image), self.geometry(strides))
+        im2col(cols, widen(image, True), self.geometry(strides))
         return cols
 
     def forward(self, out_values: np.ndarray, image: NeuronTensor, weight: NeuronTensor,
@@ -124,7 +136,7 @@ class Conv:
         fb = widen(bias) if bias is not None else None
         bs = bias.stride(0) if bias is not None else 0
         gemm_values(out_values, (self.N, self.G, 1, Og, L, CKg),
-                    widen(weight), (0, Og * CKg, 0, CKg, 1),
+                    widen(weight, True), (0, Og * CKg, 0, CKg, 1),
                     self.columns(image), (self.CK * L, CKg * L, 0, L, 1),
                     fb, (0, Og * bs, bs, 0), 1, 1 if bias is not None else 0)
         return out_values
@@ -135,9 +147,10 @@ class Conv:
         fg, (sn, sc, sl) = _matrix(grad)
         kind = compute_dtype(dtype)
         cols = np.empty(self.N * self.CK * L, kind)
-        gemm_values(cols, (self.N, self.G, 1, CKg, L, Og), widen(weight), (0, Og * CKg, 0, 1, CKg),
+        gemm_values(cols, (self.N, self.G, 1, CKg, L, Og), widen(weight, True),
+                    (0, Og * CKg, 0, 1, CKg),
                     fg, (sn, Og * sc, 0, sc, sl))
-        img = np.zeros(self.N * self.C * self.H * self.W, kind)
+        img = np.zeros(self.N * self.C * self.D * self.H * self.W, kind)
         col2im(img, cols, self.geometry())
         if bias is not None:  # transposed convolution's bias, added before the one rounding
             fb = widen(bias)[np.arange(self.C) * bias.stride(0)]
@@ -153,21 +166,24 @@ class Conv:
         return out_values
 
 
-def _matrix(grad: NeuronTensor):
-    """grad (N, C, [H,] W) staged, with strides (n, c, l) where l walks H*W as one axis."""
-    (_, _, H, W), (sn, sc, sh, sw) = _four(grad)
-    if H > 1 and W > 1 and sh != W * sw:
+def _matrix(grad: NeuronTensor, auto_cast: bool = True):
+    """grad (N, C, [[D,] H,] W) staged, with strides (n, c, l) where l walks D*H*W as one
+    axis (a contiguous copy when its spatial dims do not merge)."""
+    (_, _, D, H, W), (sn, sc, sd, sh, sw) = _five(grad)
+    dims = [(n, st) for n, st in ((D, sd), (H, sh), (W, sw)) if n > 1]
+    if any(dims[k][1] != dims[k + 1][0] * dims[k + 1][1] for k in range(len(dims) - 1)):
         grad = grad.contiguous()
-        (_, _, H, W), (sn, sc, sh, sw) = _four(grad)
-    return widen(grad), (sn, sc, sw if W > 1 else sh)
+        (_, _, D, H, W), (sn, sc, sd, sh, sw) = _five(grad)
+        dims = [(n, st) for n, st in ((D, sd), (H, sh), (W, sw)) if n > 1]
+    return widen(grad, auto_cast), (sn, sc, dims[-1][1] if dims else 1)
 
 
 def bias_grad(out_values: np.ndarray, grad: NeuronTensor) -> np.ndarray:
     """The sum of grad over samples and positions, as ones @ grad^T on the Tensor engine."""
-    (N, C, H, W), _ = _four(grad)
-    fg, (sn, sc, sl) = _matrix(grad)
+    (N, C, D, H, W), _ = _five(grad)
+    fg, (sn, sc, sl) = _matrix(grad, auto_cast=False)  # a sum, not a matmul
     ones = np.ones(1, out_values.dtype)
-    return gemm_values(out_values, (1, 1, N, 1, C, H * W), ones, (0, 0, 0, 0, 0),
+    return gemm_values(out_values, (1, 1, N, 1, C, D * H * W), ones, (0, 0, 0, 0, 0),
                        fg, (0, 0, sn, sl, sc))
 
 
@@ -179,7 +195,7 @@ def _meta(t):
 
 def _supported(x, weight, other) -> bool:
     tensors = [t for t in (x, weight, other) if t is not None]
-    return x.dim() == weight.dim() and x.dim() in (3, 4) and x.dtype != torch.bool and \
+    return x.dim() == weight.dim() and x.dim() in (3, 4, 5) and x.dtype != torch.bool and \
         all(isinstance(t, NeuronTensor) for t in tensors)
 
 

@@ -1,8 +1,10 @@
-"""Indexing ops: gathers and scatters along a dimension, advanced indexing, embedding.
+"""Indexing ops: gathers and scatters along a dimension, advanced indexing, put,
+index_reduce, embedding and embedding_bag.
 
 All of them run on the GpSimd engine through two data-movement kernels over raw
 element bits (`take`: out[i] = src[idx[i]], `put`: out[idx[i]] = src[i]) and one
-accumulating kernel (`put_reduce`: fp32 accumulation, rounded once on store).
+accumulating kernel (`put_reduce`: fp32 accumulation, rounded once on store; index_put
+and put with accumulate=True add into the destination dtype instead, as the CPU does).
 Indices are validated on the whole index tensor before anything is written.
 """
 from __future__ import annotations
@@ -302,7 +304,7 @@ def _shaped(t: NeuronTensor, like: torch.Tensor) -> NeuronTensor:
     return view(t, (), ()) if like.dim() == 0 else t
 
 
-def _contiguous(t: NeuronTensor) -> NeuronTensor:
+def contiguous(t: NeuronTensor) -> NeuronTensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
@@ -327,7 +329,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     if indices.dtype not in (torch.int64, torch.int32):
         raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the "
                            f"following scalar types: Long, Int; but got {indices.dtype} instead")
-    index = _contiguous(as_long(indices))
+    index = contiguous(as_long(indices))
     check_bounds(index, weight.shape[0], 0, False, "select")
     out = T.empty(tuple(indices.shape) + (weight.shape[1],), weight.dtype)
     rows = view(out, (index.numel(), weight.shape[1]), (weight.shape[1], 1))
@@ -337,7 +339,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 
 @register(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
-    index = _contiguous(as_long(indices))
+    index = contiguous(as_long(indices))
     d = grad.shape[-1]
     rows = grad.reshape(index.numel(), d)
     acc = fill(T.empty((num_weights, d), torch.float32), 0)
@@ -474,6 +476,18 @@ def scatter_add(x, dim, index, src):
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "amax": float("-inf"), "amin": float("inf")}
 
 
+def _identity(op: str, dtype: torch.dtype) -> NeuronTensor:
+    ident = _IDENTITY[op]
+    if not dtype.is_floating_point and ident in (float("inf"), float("-inf")):
+        # int64 computes in 32 bits on the engines (numerics.py)
+        if dtype == torch.bool:
+            ident = ident > 0
+        else:
+            info = torch.iinfo(torch.int32 if dtype == torch.int64 else dtype)
+            ident = info.max if ident > 0 else info.min
+    return T.from_cpu(torch.tensor(ident, dtype=dtype))
+
+
 @register(aten.scatter_reduce.two)
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     x1, i1, s1, sstr, dim = _scatter_prep(aten.scatter_reduce.two, x, dim, index, src, reduce,
@@ -482,16 +496,8 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     acc = accumulator(x1)
     ishape, istr = i1.shape, i1.stride()
     if not include_self:  # scattered positions start from the reduction's identity
-        ident = _IDENTITY[op]
-        if not acc.dtype.is_floating_point and ident in (float("inf"), float("-inf")):
-            # int64 computes in 32 bits on the engines (numerics.py)
-            if acc.dtype == torch.bool:
-                ident = ident > 0
-            else:
-                info = torch.iinfo(torch.int32 if acc.dtype == torch.int64 else acc.dtype)
-                ident = info.max if ident > 0 else info.min
-        put_reduce(acc, T.from_cpu(torch.tensor(ident, dtype=acc.dtype)), dim, i1, ishape,
-                   [0] * len(ishape), istr, "set")
+        put_reduce(acc, _identity(op, acc.dtype), dim, i1, ishape, [0] * len(ishape), istr,
+                   "set")
     put_reduce(acc, s1, dim, i1, ishape, sstr, istr, "sum" if op == "mean" else op)
     if op == "mean":
         counts = fill(T.empty(acc.shape, acc.dtype), int(include_self))
@@ -619,16 +625,17 @@ def _index_put_into(dst, indices, values, accumulate):
                 [xstr, vstr, ostr], 1, 0)
         core.launch("gpsimd", T.numel(shape), 2 * T.numel(shape) * dst.element_size())
         return dst
-    acc = accumulator(dst) if dst.dtype in (torch.bfloat16, torch.float16) else dst
-    if acc is not dst:
-        _, xstr, offsets, ostr = _plan(acc, indices)
+    # Duplicates accumulate straight into the destination, rounding after each add: the
+    # DMA engine's accumulate-on-write works in the destination dtype, and the CPU kernel
+    # does the same (fp32 partial sums would differ from it once duplicates pile up).
+    acc = dst
     kernel = _reducer("sum", numerics.CODE[values.dtype], numerics.CODE[acc.dtype],
                       numerics.compute_type(acc.dtype))
     compute = numerics.compute_type(acc.dtype)
     launch4(kernel, [flat(acc, raw=False), flat(values, raw=False), flat(offsets, raw=False)],
             shape, [xstr, vstr, ostr], 1, 0, numerics.scalar_for(1, compute), -(1 << 62))
     core.launch("gpsimd", T.numel(shape), 3 * T.numel(shape) * acc.element_size())
-    return E.copy_into(dst, acc) if acc is not dst else dst
+    return dst
 
 
 def _name(dtype):
@@ -648,3 +655,66 @@ def index_put_(x, indices, values, accumulate=False):
 @register(aten._index_put_impl_.default)
 def _index_put_impl_(x, indices, values, accumulate=False, unsafe=False):
     return _index_put_into(x, indices, values, accumulate)
+
+
+# -- put, index_reduce -----------------------------------------------------------------------
+@register(aten.put.default)
+def put_flat(x, index, source, accumulate=False):
+    """x.flatten()[index] = source (+= with accumulate), on a copy of x."""
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"put_(): Expected a long tensor for index, but got "
+                           f"{_name(index.dtype)}")
+    if source.dtype != x.dtype:
+        raise RuntimeError(f"put_(): self and source expected to have the same dtype, but got "
+                           f"self.dtype = {_name(x.dtype)} and source.dtype = "
+                           f"{_name(source.dtype)}")
+    if source.numel() != index.numel():
+        raise IndexError(f"put_(): Expected source and index to have the same number of "
+                         f"elements, but got source.numel() = {source.numel()}, index.numel() = "
+                         f"{index.numel()}")
+    n = x.numel()
+    idx = contiguous(on_device(index)).reshape(-1)
+    a = idx._nd
+    if a.size and (a.min() < -n or a.max() >= n):
+        bad = a[np.flatnonzero((a < -n) | (a >= n))[0]]
+        raise IndexError(f"out of range: tried to access index {bad} on a tensor of {n} "
+                         "elements.")
+    out = _clone(x)
+    flat_out = view(out, (n,), (1,))
+    src = contiguous(on_device(source)).reshape(-1)
+    k = idx.numel()
+    if accumulate:  # into the output dtype, as index_put does (see _index_put_into)
+        put_reduce(flat_out, src, 0, idx, (k,), [1], [1])
+    else:
+        put(flat_out, src, 0, idx, (k,), [1], [1])
+    return out
+
+
+@register(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or "
+                           f"amin but got {reduce}.")
+    if source.dtype != x.dtype:
+        raise RuntimeError(f"index_reduce_(): self ({_name(x.dtype)}) and source "
+                           f"({_name(source.dtype)}) must have the same scalar type")
+    meta_call(aten.index_reduce.default, x, dim, index, source, reduce,
+              include_self=include_self)
+    index = as_long(index)
+    x1, s1 = _as1d(x), _as1d(source)
+    dim = dim % x1.dim()
+    check_bounds(index, x1.shape[dim], dim, False, "select")
+    acc = accumulator(x1)
+    istr = _dim_only(index, s1.dim(), dim)
+    if not include_self:  # indexed slices start from the reduction's identity
+        put_reduce(acc, _identity(reduce, acc.dtype), dim, index, s1.shape, [0] * s1.dim(),
+                   istr, "set")
+    put_reduce(acc, s1, dim, index, s1.shape, s1.stride(), istr,
+               "sum" if reduce == "mean" else reduce)
+    if reduce == "mean":
+        counts = fill(T.empty(acc.shape, acc.dtype), int(include_self))
+        put_reduce(counts, _one(acc.dtype), dim, index, s1.shape, [0] * s1.dim(), istr)
+        counts = aten.clamp_min.default(counts, 1)
+        mode = None if acc.dtype.is_floating_point else "floor"
+        acc = aten.div.Tensor_mode(acc, counts, rounding_mode=mode)
+    return _shaped(finish(acc, x.dtype), x)

@@ -16,6 +16,7 @@ from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
+from neuron_eager.ops.matmul import narrow_into, widen
 from neuron_eager.ops.norm import f32_vector, finish, kernel_for, lane_total, meta_run, staged
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.tensor import dtype_name as _dtype_name
@@ -400,3 +401,225 @@ def nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_ind
                         total_weight):
     return nll_backward(grad_output, self, target, weight, reduction, ignore_index,
                         total_weight, spatial=True)
+
+
+# -- margin losses (backward; the forwards decompose) ------------------------------------
+# Gradients are built per frame in fp32 as the CPU does (LossMultiMargin.cpp,
+# LossMultilabelMargin.cpp), scaled by grad_output, and rounded once.
+@njit(**JIT_OPTIONS)
+def multi_margin_backward_kernel(gx, x, target, w, go, g, p, margin, per_frame):
+    n_, dim = gx.shape
+    for t in range(n_):
+        k = target[t]
+        if k < 0 or k >= dim:
+            return False, k
+        xt = x[t, k]
+        total = np.float32(0)
+        for d in range(dim):
+            if d == k:
+                continue
+            z = margin - xt + x[t, d]
+            if z > 0:
+                h = g if p == 1 else np.float32(2) * g * z
+                h *= w[k]
+                total -= h
+                gx[t, d] = h
+            else:
+                gx[t, d] = np.float32(0)
+        gx[t, k] = total
+        scale = go[t] if per_frame else go[0]
+        for d in range(dim):
+            gx[t, d] *= scale
+    return True, np.int64(0)
+
+
+@njit(**JIT_OPTIONS)
+def multilabel_margin_backward_kernel(gx, x, target, is_target, go, g, per_frame):
+    n_, dim = gx.shape
+    for t in range(n_):
+        for d in range(dim):
+            gx[t, d] = np.float32(0)
+        for dt in range(dim):
+            k = target[t, dt]
+            if k < 0:
+                break
+            xt = x[t, k]
+            for d in range(dim):
+                if is_target[t, d] == 0:
+                    z = np.float32(1) - xt + x[t, d]
+                    if z > 0:
+                        gx[t, k] -= g
+                        gx[t, d] += g
+        scale = go[t] if per_frame else go[0]
+        for d in range(dim):
+            gx[t, d] *= scale
+
+
+def cpu_fallback(op, args, kwargs):
+    from neuron_eager.ops import router
+
+    return router.cpu_fallback(op, args, kwargs)
+
+
+def _frames(self, target):
+    """self as fp32 (frames, dim) values, target as int64 (frames, ...) values."""
+    dim = self.shape[-1] if self.dim() else 1
+    frames = self.numel() // dim if dim else 0
+    x = widen(self.contiguous()).reshape(frames, dim)
+    t = target.contiguous()
+    tv = widen(t).reshape(frames, -1) if t.numel() else np.zeros((frames, 0), np.int64)
+    return x, tv, frames, dim
+
+
+def _grad_values(grad_output, frames):
+    go = _as_device(grad_output, grad_output.dtype).contiguous()
+    return widen(go).astype(np.float32), go.dim() > 0 and go.numel() == frames and frames > 1
+
+
+@njit(**JIT_OPTIONS)
+def multilabel_margin_kernel(x, target, is_target, out):
+    """Per frame: sum over the targets before the first -1 of the hinge against every
+    non-target, over dim (LossMultilabelMargin.cpp); fp32 sums."""
+    n_, dim = x.shape
+    for t in range(n_):
+        for d in range(dim):
+            is_target[t, d] = np.float32(0)
+        for d in range(dim):
+            k = target[t, d]
+            if k < 0:
+                break
+            if k >= dim:
+                return False
+            is_target[t, k] = np.float32(1)
+        total = np.float32(0)
+        for dt in range(dim):
+            k = target[t, dt]
+            if k < 0:
+                break
+            xt = x[t, k]
+            for d in range(dim):
+                if is_target[t, d] == 0:
+                    z = np.float32(1) - xt + x[t, d]
+                    if z > 0:
+                        total += z
+        out[t] = total / np.float32(dim)
+    return True
+
+
+@register(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(self, target, reduction):
+    # torch._decomp's version counts the entries after a -1 terminator; this follows the CPU
+    args = (self, target, reduction)
+    if not all(isinstance(t, T.NeuronTensor) for t in (self, target)) or \
+            not self.dtype.is_floating_point or self.dim() > 2 or target.shape != self.shape \
+            or self.numel() == 0:
+        return cpu_fallback(aten.multilabel_margin_loss_forward.default, args, {})
+    x, tv, frames, dim = _frames(self, target)
+    is_target = np.zeros((frames, dim), np.float32)
+    per_frame = np.zeros(frames, np.float32)
+    if not multilabel_margin_kernel(x, tv, is_target, per_frame):
+        raise RuntimeError("target index out of range")
+    it = T.empty(self.shape, self.dtype)
+    narrow_into(it, is_target.reshape(-1))
+    if reduction == NONE:
+        out = T.empty(self.shape[:-1] if self.dim() == 2 else (), self.dtype)
+        narrow_into(out, per_frame)
+    else:
+        total = np.float32(per_frame.sum(dtype=np.float32))
+        out = T.empty((), self.dtype)
+        narrow_into(out, np.array([total / np.float32(frames) if reduction == MEAN else total],
+                                  np.float32))
+    core.launch("vector", x.size * dim, self._nd.nbytes * 2)
+    return out, it
+
+
+@njit(**JIT_OPTIONS)
+def multi_margin_kernel(x, target, w, p, margin, out):
+    n_, dim = x.shape
+    for t in range(n_):
+        k = target[t]
+        if k < 0 or k >= dim:
+            return False
+        xt = x[t, k]
+        total = np.float32(0)
+        for d in range(dim):
+            if d == k:
+                continue
+            z = margin - xt + x[t, d]
+            if z > 0:
+                h = z if p == 1 else z * z
+                total += h * w[k]
+        out[t] = total / np.float32(dim)
+    return True
+
+
+@register(aten.multi_margin_loss.default)
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=MEAN):
+    # the decomposition gives 1-D inputs a (1,) loss where the CPU gives a 0-dim one
+    args = (self, target, p, margin, weight, reduction)
+    if not all(isinstance(t, T.NeuronTensor) for t in (self, target)) or \
+            not self.dtype.is_floating_point or self.dim() > 2 or self.numel() == 0 or \
+            p not in (1, 2) or target.numel() != (self.shape[0] if self.dim() == 2 else 1):
+        return cpu_fallback(aten.multi_margin_loss.default, args, {})
+    x, tv, frames, dim = _frames(self, target)
+    w = widen(f32_vector(weight, dim, 1.0))
+    per_frame = np.zeros(frames, np.float32)
+    if not multi_margin_kernel(x, tv[:, 0].copy(), w, int(p), np.float32(margin), per_frame):
+        raise IndexError("target out of range")
+    if reduction == NONE:
+        out = T.empty(self.shape[:-1] if self.dim() == 2 else (), self.dtype)
+        narrow_into(out, per_frame)
+    else:
+        total = np.float32(per_frame.sum(dtype=np.float32))
+        out = T.empty((), self.dtype)
+        narrow_into(out, np.array([total / np.float32(frames) if reduction == MEAN else total],
+                                  np.float32))
+    core.launch("vector", x.size, self._nd.nbytes)
+    return out
+
+
+@register(aten.multi_margin_loss_backward.default)
+def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=MEAN):
+    args = (grad_output, self, target, p, margin, weight, reduction)
+    if not all(isinstance(t, T.NeuronTensor) for t in (self, target)):
+        return cpu_fallback(aten.multi_margin_loss_backward.default, args, {})
+    x, tv, frames, dim = _frames(self, target)
+    w = widen(f32_vector(weight, dim, 1.0)) if dim else np.ones(0, np.float32)
+    g = np.float32(1.0 / (frames * dim) if reduction == MEAN else 1.0 / dim) if dim else \
+        np.float32(0)
+    gx = T.empty(self.shape, self.dtype)
+    values = np.zeros((frames, dim), np.float32)
+    go, per_frame = _grad_values(grad_output, frames)
+    if frames and dim:
+        ok, bad = multi_margin_backward_kernel(values, x, tv[:, 0].copy(), w, go, g, int(p),
+                                               np.float32(margin), per_frame)
+        if not ok:
+            raise IndexError("target out of range")  # the CPU's TORCH_CHECK_INDEX wording
+    narrow_into(gx, values.reshape(-1))
+    core.launch("vector", gx.numel(), gx._nd.nbytes * 2)
+    return gx
+
+
+@register(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+    args = (grad_output, self, target, reduction, is_target)
+    if not all(isinstance(t, T.NeuronTensor) for t in (self, target, is_target)):
+        return cpu_fallback(aten.multilabel_margin_loss_backward.default, args, {})
+    x, tv, frames, dim = _frames(self, target)
+    it = widen(is_target.contiguous()).reshape(frames, dim) if frames * dim else \
+        np.zeros((frames, dim), np.int64)
+    g = np.float32(1.0 / (frames * dim) if reduction == MEAN else 1.0 / dim) if dim else \
+        np.float32(0)
+    gx = T.empty(self.shape, self.dtype)
+    values = np.zeros((frames, dim), np.float32)
+    go, per_frame = _grad_values(grad_output, frames)
+    if frames and dim:
+        multilabel_margin_backward_kernel(values, x, tv, it, go, g, per_frame)
+    narrow_into(gx, values.reshape(-1))
+    core.launch("vector", gx.numel(), gx._nd.nbytes * 2)
+    return gx
+
+
+
+# CTC has its own file; importing it here registers it with the other losses.
+from neuron_eager.ops import ctc  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""Mask-driven ops: masked_fill / masked_select / masked_scatter, nonzero, tril / triu.
+"""Mask-driven ops: masked_fill / masked_select / masked_scatter, nonzero(_static), tril / triu.
 
 Part of the indexing family (imported by ops/indexing.py). Selections whose size
 depends on the data (masked_select, nonzero) first count on the device and read
@@ -14,6 +14,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import indexing as I
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.copy import fill
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -219,7 +220,6 @@ def masked_scatter_backward(grad, mask, sizes):
     missing = T.numel(sizes) - selected.numel()
     if missing > 0:  # positions the mask never chose get no gradient
         from neuron_eager.ops.arrange import cat
-        from neuron_eager.ops.copy import fill
 
         selected = cat([selected, fill(T.empty((missing,), grad.dtype), 0)])
     return selected.view(sizes)
@@ -252,3 +252,22 @@ def tril(x, diagonal=0):
 @register(aten.triu.default)
 def triu(x, diagonal=0):
     return _triangle_op(x, diagonal, False, aten.triu.default)
+
+
+@register(aten.nonzero_static.default)
+def nonzero_static(x, *, size, fill_value=-1):
+    """nonzero with a fixed row count: the first `size` coordinates, padded with fill_value."""
+    if size < 0:
+        raise RuntimeError("nonzero_static: 'size' must be an non-negative integer")
+    out = T.empty((size, x.dim()), torch.int64)
+    if not out.numel():
+        return out
+    n = 0
+    if x.numel():  # coordinates past `size` are counted, not written
+        n = _nonzero(out._nd, I.flat(x), np.array(x.shape, np.int64),
+                     np.array(x.stride(), np.int64), _keep_bits(x))
+        core.launch("gpsimd", x.numel(), x._nd.nbytes + out._nd.nbytes)
+    if n < size:
+        out._nd[n:] = fill_value  # a memset of the tail rows
+        core.launch("dma", (size - n) * x.dim(), (size - n) * x.dim() * 8)
+    return out

@@ -1,9 +1,11 @@
-"""2-D pooling (Vector engine): max and average, plain and adaptive, with their gradients.
+"""Pooling (Vector engine): max, average, adaptive and fractional, 2-D and 3-D, with gradients.
 
-Each output takes one window of its input plane; windows are given per axis as (first
-in-range tap, number of taps, divisor), so one kernel serves plain, padded, dilated and
-adaptive pooling. Values are widened to fp32 (int64 for integer max pooling), sums and
-gradient scatters accumulate in fp32, and each result is rounded once.
+Every tensor is seen as planes (N*C) of D x H x W (D = 1 for 2-D). Each output takes one
+window per axis, given as (first in-range tap, tap count, divisor) per output position, so
+one kernel serves plain, padded, dilated, adaptive and fractional pooling (fractional
+windows differ per plane: window tables have one row per plane, or one row for all).
+Values are widened to fp32 (int64 for integers), sums and gradient scatters accumulate in
+fp32, and each result is rounded once.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from numba import njit
 
 from neuron_eager.device_sim import core
+from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.matmul import flat, narrow_into, raise_like_cpu, result_buffer, widen
 from neuron_eager.ops.registry import register
@@ -21,115 +24,176 @@ NeuronTensor = T.NeuronTensor
 
 
 # -- kernels ---------------------------------------------------------------------------------
-# g: planes P, channels C, input strides (n, c, h, w), H, W, Ho, Wo, dilation (h, w),
-#    then strides (n, c, h, w) of the second tensor operand (grad or indices) where used.
+# g: planes P, channels C, input strides (n, c, d, h, w), D, H, W, Do, Ho, Wo,
+#    dilation (d, h, w), then strides (n, c, d, h, w) of the grad and of the indices.
+# Window tables (first, count[, divisor]) are 2-D: (planes or 1, outputs along the axis).
 @njit(error_model="numpy", nogil=True)
-def max_pool(out, idx, x, g, h0, hn, w0, wn):
-    P, C, sn, sc, sh, sw, H, W, Ho, Wo, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], \
-        g[7], g[8], g[9], g[10], g[11]
+def max_pool(out, idx, x, g, d0, dn, h0, hn, w0, wn):
+    P, C, sn, sc, sd, sh, sw = g[0], g[1], g[2], g[3], g[4], g[5], g[6]
+    H, W, Do, Ho, Wo, ddl, dhl, dwl = g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]
     o = 0
     for p in range(P):
         base = (p // C) * sn + (p % C) * sc
-        for oh in range(Ho):
-            for ow in range(Wo):
-                best = x[base + h0[oh] * sh + w0[ow] * sw]
-                at = h0[oh] * W + w0[ow]
-                for a in range(hn[oh]):
-                    h = h0[oh] + a * dh
-                    for b in range(wn[ow]):
-                        w = w0[ow] + b * dw
-                        v = x[base + h * sh + w * sw]
-                        if v > best or v != v:  # the last NaN wins, as on the CPU
-                            best, at = v, h * W + w
-                out[o] = best
-                idx[o] = at
-                o += 1
+        rd, rh, rw = p % d0.shape[0], p % h0.shape[0], p % w0.shape[0]
+        for od in range(Do):
+            fd = d0[rd, od]
+            for oh in range(Ho):
+                fh = h0[rh, oh]
+                for ow in range(Wo):
+                    fw = w0[rw, ow]
+                    best = x[base + fd * sd + fh * sh + fw * sw]
+                    at = (fd * H + fh) * W + fw
+                    for a in range(dn[rd, od]):
+                        d = fd + a * ddl
+                        for b in range(hn[rh, oh]):
+                            h = fh + b * dhl
+                            for c in range(wn[rw, ow]):
+                                w = fw + c * dwl
+                                v = x[base + d * sd + h * sh + w * sw]
+                                if v > best or v != v:  # the last NaN wins, as on the CPU
+                                    best, at = v, (d * H + h) * W + w
+                    out[o] = best
+                    idx[o] = at
+                    o += 1
 
 
 @njit(error_model="numpy", nogil=True)
 def scatter_grad(gin, grad, idx, g):
     """gin[p, idx[p, o]] += grad[p, o]: the gradient of max pooling, summed in fp32."""
-    P, C, H, W, Ho, Wo = g[0], g[1], g[6], g[7], g[8], g[9]
-    gn, gc, gh, gw, i_n, i_c, i_h, i_w = g[12], g[13], g[14], g[15], g[16], g[17], g[18], g[19]
+    P, C, D, H, W, Do, Ho, Wo = g[0], g[1], g[7], g[8], g[9], g[10], g[11], g[12]
+    gn, gc, gd, gh, gw = g[16], g[17], g[18], g[19], g[20]
+    i_n, i_c, i_d, i_h, i_w = g[21], g[22], g[23], g[24], g[25]
+    plane = D * H * W
     for p in range(P):
         n, c = p // C, p % C
-        for oh in range(Ho):
-            for ow in range(Wo):
-                at = idx[n * i_n + c * i_c + oh * i_h + ow * i_w]
-                gin[p * H * W + at] += grad[n * gn + c * gc + oh * gh + ow * gw]
+        for od in range(Do):
+            for oh in range(Ho):
+                for ow in range(Wo):
+                    at = idx[n * i_n + c * i_c + od * i_d + oh * i_h + ow * i_w]
+                    gin[p * plane + at] += grad[n * gn + c * gc + od * gd + oh * gh + ow * gw]
 
 
 @njit(error_model="numpy", nogil=True)
-def avg_pool(out, x, g, h0, hn, hd, w0, wn, wd, divisor):
-    """Window sums in fp32 divided by hd*wd (or by `divisor` when it is not 0)."""
-    P, C, sn, sc, sh, sw, Ho, Wo = g[0], g[1], g[2], g[3], g[4], g[5], g[8], g[9]
+def avg_pool(out, x, g, d0, dn, dd, h0, hn, hd, w0, wn, wd, divisor, integer):
+    """Window sums (fp32, or int64 for integers) over the product of the axis divisors (or
+    `divisor` when it is not 0); integer means truncate toward zero, as C++ division does."""
+    P, C, sn, sc, sd, sh, sw = g[0], g[1], g[2], g[3], g[4], g[5], g[6]
+    Do, Ho, Wo = g[10], g[11], g[12]
     o = 0
+    zero = x[0] - x[0]
     for p in range(P):
         base = (p // C) * sn + (p % C) * sc
-        for oh in range(Ho):
-            for ow in range(Wo):
-                s = np.float32(0)
-                for h in range(h0[oh], h0[oh] + hn[oh]):
-                    for w in range(w0[ow], w0[ow] + wn[ow]):
-                        s += x[base + h * sh + w * sw]
-                d = divisor if divisor != 0 else hd[oh] * wd[ow]
-                out[o] = s / np.float32(d)
-                o += 1
+        for od in range(Do):
+            for oh in range(Ho):
+                for ow in range(Wo):
+                    s = zero
+                    for d in range(d0[0, od], d0[0, od] + dn[0, od]):
+                        for h in range(h0[0, oh], h0[0, oh] + hn[0, oh]):
+                            for w in range(w0[0, ow], w0[0, ow] + wn[0, ow]):
+                                s += x[base + d * sd + h * sh + w * sw]
+                    k = divisor if divisor != 0 else dd[0, od] * hd[0, oh] * wd[0, ow]
+                    if integer:
+                        q = abs(s) // k
+                        out[o] = q if s >= 0 else -q
+                    else:
+                        out[o] = s / np.float32(k)
+                    o += 1
 
 
 @njit(error_model="numpy", nogil=True)
-def avg_pool_backward(gin, grad, g, h0, hn, hd, w0, wn, wd, divisor):
-    P, C, H, W, Ho, Wo = g[0], g[1], g[6], g[7], g[8], g[9]
-    gn, gc, gh, gw = g[12], g[13], g[14], g[15]
+def avg_pool_backward(gin, grad, g, d0, dn, dd, h0, hn, hd, w0, wn, wd, divisor):
+    P, C, D, H, W, Do, Ho, Wo = g[0], g[1], g[7], g[8], g[9], g[10], g[11], g[12]
+    gn, gc, gd, gh, gw = g[16], g[17], g[18], g[19], g[20]
     for p in range(P):
         n, c = p // C, p % C
-        for oh in range(Ho):
-            for ow in range(Wo):
-                d = divisor if divisor != 0 else hd[oh] * wd[ow]
-                v = grad[n * gn + c * gc + oh * gh + ow * gw] / np.float32(d)
-                for h in range(h0[oh], h0[oh] + hn[oh]):
-                    for w in range(w0[ow], w0[ow] + wn[ow]):
-                        gin[p * H * W + h * W + w] += v
+        for od in range(Do):
+            for oh in range(Ho):
+                for ow in range(Wo):
+                    k = divisor if divisor != 0 else dd[0, od] * hd[0, oh] * wd[0, ow]
+                    v = grad[n * gn + c * gc + od * gd + oh * gh + ow * gw] / np.float32(k)
+                    for d in range(d0[0, od], d0[0, od] + dn[0, od]):
+                        for h in range(h0[0, oh], h0[0, oh] + hn[0, oh]):
+                            for w in range(w0[0, ow], w0[0, ow] + wn[0, ow]):
+                                gin[(p * D + d) * H * W + h * W + w] += v
+
+
+_fractional_kernels: dict = {}
+
+
+def _fractional_kernel(code: str):
+    """Fractional windows: starts from the CPU's formula in the samples' dtype, each operation
+    rounded to it as c10's 16-bit arithmetic does; tables are (planes, outputs)."""
+    kernel = _fractional_kernels.get(code)
+    if kernel is None:
+        load, store = numerics.loader(code, "f32"), numerics.storer(code)
+        rnd = numerics.identity if code in ("f32", "f64") else \
+            njit(inline="always")(lambda v: load(store(v)))
+
+        @njit(error_model="numpy", nogil=True)
+        def kernel(first, samples, k, size, out, pool):
+            for p in range(first.shape[0]):
+                s = load(samples[p * k])
+                if out > 1:
+                    alpha = rnd(np.float32(size - pool) / np.float32(out - 1))
+                    shift = np.int64(rnd(s * alpha))
+                    for i in range(out - 1):
+                        first[p, i] = np.int64(rnd(rnd(np.float32(i) + s) * alpha)) - shift
+                first[p, out - 1] = size - pool
+
+        _fractional_kernels[code] = kernel
+    return kernel
 
 
 # -- windows ---------------------------------------------------------------------------------
+def _rows(*arrays):
+    return tuple(np.ascontiguousarray(a, dtype=np.int64).reshape(1, -1) for a in arrays)
+
+
 def _windows(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int = 1):
     """Per output position: first in-range tap, in-range tap count (max pooling)."""
     start = np.arange(out, dtype=np.int64) * stride - pad
     taps = start[:, None] + np.arange(kernel, dtype=np.int64)[None, :] * dilation
     inside = (taps >= 0) & (taps < size)
     first = np.where(inside.any(1), taps[np.arange(out), inside.argmax(1)], 0)
-    return first, inside.sum(1).astype(np.int64)
+    # taps past the first in-range one step by `dilation`; count those still inside
+    return _rows(first, inside.sum(1))
 
 
 def _avg_windows(size, out, kernel, stride, pad, count_include_pad):
-    """(first, count, divisor) per output position, the CPU's avg_pool2d arithmetic."""
+    """(first, count, divisor) per output position, the CPU's avg_pool arithmetic."""
     start = np.arange(out, dtype=np.int64) * stride - pad
     end = np.minimum(start + kernel, size + pad)
     pool = end - start
     first, last = np.maximum(start, 0), np.minimum(end, size)
-    return first, last - first, pool if count_include_pad else last - first
+    return _rows(first, last - first, pool if count_include_pad else last - first)
 
 
 def _adaptive_windows(size, out):
     i = np.arange(out, dtype=np.int64)
     first = (i * size) // out
     last = ((i + 1) * size + out - 1) // out
-    return first, last - first, last - first
+    return _rows(first, last - first, last - first)
 
 
-def _nchw(t: torch.Tensor):
-    if t.dim() == 3:
-        return (1, *t.shape), (0, *t.stride())
-    return tuple(t.shape), t.stride()
+_UNIT = _rows([0], [1], [1])  # the D axis of 2-D pooling
 
 
-def _geometry(x, out, other=None, dilation=(1, 1)):
-    (N, C, H, W), xs = _nchw(x)
-    _, os_ = _nchw(other) if other is not None else (None, (0, 0, 0, 0))
-    (_, _, Ho, Wo), _ = _nchw(out)
-    return np.array([N * C, C, *xs, H, W, Ho, Wo, *dilation, *os_, 0, 0, 0, 0], np.int64), \
-        (H, W, Ho, Wo)
+def _spatial(t: torch.Tensor, k: int):
+    """(N, C, D, H, W) sizes and strides of a tensor with k spatial dims (batch optional)."""
+    shape, stride = list(t.shape), list(t.stride())
+    if t.dim() == k + 1:
+        shape, stride = [1] + shape, [0] + stride
+    if k == 2:
+        shape, stride = shape[:2] + [1] + shape[2:], stride[:2] + [0] + stride[2:]
+    return tuple(shape), tuple(stride)
+
+
+def _geometry(x, out, k, grad=None, indices=None, dilation=(1, 1, 1)):
+    (N, C, D, H, W), xs = _spatial(x, k)
+    (_, _, Do, Ho, Wo), _ = _spatial(out, k)
+    gs = _spatial(grad, k)[1] if grad is not None else (0,) * 5
+    is_ = _spatial(indices, k)[1] if indices is not None else (0,) * 5
+    return np.array([N * C, C, *xs, D, H, W, Do, Ho, Wo, *dilation, *gs, *is_], np.int64)
 
 
 def _meta(t):
@@ -140,15 +204,17 @@ def _shape_of(op, args):
     """Output metadata from the meta kernel; CPU's error when the arguments are bad."""
     try:
         return op(*[_meta(a) if isinstance(a, torch.Tensor) else a for a in args])
-    except RuntimeError:
+    except NotImplementedError:  # no meta kernel: the kernel's own checks must do
+        return None
+    except (RuntimeError, ValueError, IndexError):
         raise_like_cpu(op, *args)
 
 
-def _pair(v, default=None):
+def _axes(v, k, default=None):
     v = list(v) if isinstance(v, (list, tuple)) else [v]
     if not v:
         v = list(default)
-    return tuple(v * 2) if len(v) == 1 else tuple(v)
+    return tuple(v * k) if len(v) == 1 else tuple(v)
 
 
 def _launch(*tensors):
@@ -162,58 +228,114 @@ def _fallback(op, args):
     return cpu_fallback(op, args, {})
 
 
-def _native(x, *others, floating=False) -> bool:
-    ok = x.dim() in (3, 4) and all(isinstance(t, NeuronTensor) for t in (x, *others))
+def _native(x, k, *others, floating=False) -> bool:
+    ok = x.dim() in (k + 1, k + 2) and all(isinstance(t, NeuronTensor) for t in (x, *others))
     return ok and (x.dtype.is_floating_point or (not floating and x.dtype != torch.bool))
 
 
+def _sizes(x, meta, k):
+    (_, _, D, H, W), _ = _spatial(x, k)
+    (_, _, Do, Ho, Wo), _ = _spatial(meta, k)
+    return (D, H, W)[3 - k:], (Do, Ho, Wo)[3 - k:]
+
+
 # -- max pooling -----------------------------------------------------------------------------
-def _max(x, out_meta, windows_h, windows_w, dilation=(1, 1)):
+def _max(x, out_meta, k, windows, dilation=(1, 1, 1)):
+    """windows: ((first, count) for d, h, w), 2-D pooling with the unit D window."""
     out = T.empty(out_meta.shape, x.dtype)
     idx = T.empty(out_meta.shape, torch.int64)
     if out.numel():
-        g, _ = _geometry(x, out, dilation=dilation)
+        g = _geometry(x, out, k, dilation=dilation)
         res = result_buffer(out)
-        max_pool(res, idx._nd.reshape(-1), widen(x), g, *windows_h, *windows_w)
+        max_pool(res, idx._nd.reshape(-1), widen(x), g, *[a for w in windows for a in w[:2]])
         narrow_into(out, res)
         _launch(x, out, idx)
     return out, idx
 
 
+def _max_pool(op, k, x, kernel_size, stride, padding, dilation, ceil_mode):
+    args = (x, kernel_size, stride, padding, dilation, ceil_mode)
+    meta, _ = _shape_of(op, args)
+    if not _native(x, k):
+        return _fallback(op, args)
+    ks, ss = _axes(kernel_size, k), _axes(stride, k, kernel_size)
+    ps, ds = _axes(padding, k), _axes(dilation, k)
+    sizes, outs = _sizes(x, meta, k)
+    windows = [_windows(*a) for a in zip(sizes, outs, ks, ss, ps, ds)]
+    return _max(x, meta, k, [_UNIT] * (3 - k) + windows, (1,) * (3 - k) + ds)
+
+
 @register(aten.max_pool2d_with_indices.default)
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    args = (x, kernel_size, stride, padding, dilation, ceil_mode)
-    meta, _ = _shape_of(aten.max_pool2d_with_indices.default, args)
-    if not _native(x):
-        return _fallback(aten.max_pool2d_with_indices.default, args)
-    (kh, kw), (sh, sw) = _pair(kernel_size), _pair(stride, kernel_size)
-    (ph, pw), (dh, dw) = _pair(padding), _pair(dilation)
-    (_, _, H, W), _ = _nchw(x)
-    Ho, Wo = meta.shape[-2:]
-    return _max(x, meta, _windows(H, Ho, kh, sh, ph, dh), _windows(W, Wo, kw, sw, pw, dw),
-                (dh, dw))
+    return _max_pool(aten.max_pool2d_with_indices.default, 2, x, kernel_size, stride, padding,
+                     dilation, ceil_mode)
+
+
+@register(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(aten.max_pool3d_with_indices.default, 3, x, kernel_size, stride, padding,
+                     dilation, ceil_mode)
+
+
+def _adaptive_max(op, k, x, output_size):
+    meta, _ = _shape_of(op, (x, output_size))
+    if not _native(x, k, floating=True):
+        return _fallback(op, (x, output_size))
+    sizes, outs = _sizes(x, meta, k)
+    windows = [_adaptive_windows(s, o) for s, o in zip(sizes, outs)]
+    return _max(x, meta, k, [_UNIT] * (3 - k) + windows)
 
 
 @register(aten.adaptive_max_pool2d.default)
 def adaptive_max_pool2d(x, output_size):
-    meta, _ = _shape_of(aten.adaptive_max_pool2d.default, (x, output_size))
-    if not _native(x, floating=True):
-        return _fallback(aten.adaptive_max_pool2d.default, (x, output_size))
-    (_, _, H, W), _ = _nchw(x)
-    Ho, Wo = meta.shape[-2:]
-    return _max(x, meta, _adaptive_windows(H, Ho)[:2], _adaptive_windows(W, Wo)[:2])
+    return _adaptive_max(aten.adaptive_max_pool2d.default, 2, x, output_size)
 
 
-def _max_backward(op, args, grad, x, indices):
+@register(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(x, output_size):
+    return _adaptive_max(aten.adaptive_max_pool3d.default, 3, x, output_size)
+
+
+def _fractional(op, k, x, kernel_size, output_size, samples):
+    args = (x, kernel_size, output_size, samples)
+    meta, _ = _shape_of(op, args)
+    if not _native(x, k, samples, floating=True) or samples.dtype != x.dtype:
+        return _fallback(op, args)
+    sizes, outs = _sizes(x, meta, k)
+    (N, C, *_), _ = _spatial(x, k)
+    samples = samples.contiguous()
+    kernel = _fractional_kernel(numerics.CODE[samples.dtype])
+    windows = []
+    for axis, (size, out, pool) in enumerate(zip(sizes, outs, _axes(kernel_size, k))):
+        first = np.zeros((N * C, max(out, 1)), np.int64)
+        if N * C:
+            # the CPU's sample order per plane: (w, h) for 2-D, (t, h, w) for 3-D
+            kernel(first, flat(samples)[1 - axis if k == 2 else axis:], k, size, out, pool)
+        windows.append((first, np.full(first.shape, pool, np.int64)))
+    return _max(x, meta, k, [_UNIT] * (3 - k) + windows)
+
+
+@register(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional(aten.fractional_max_pool2d.default, 2, x, kernel_size, output_size,
+                       random_samples)
+
+
+@register(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional(aten.fractional_max_pool3d.default, 3, x, kernel_size, output_size,
+                       random_samples)
+
+
+def _max_backward(op, k, args, grad, x, indices):
     _shape_of(op, args)
-    if not _native(x, grad, indices, floating=True):
+    if not _native(x, k, grad, indices, floating=True):
         return _fallback(op, args)
     gin = T.empty(x.shape, x.dtype)
     if gin.numel():
         values = np.zeros(gin.numel(), np.float32)
         if grad.numel():
-            g, _ = _geometry(x, grad, grad)
-            g[16:20] = _nchw(indices)[1]
+            g = _geometry(x, grad, k, grad, indices)
             scatter_grad(values, widen(grad), flat(indices), g)
         narrow_into(gin, values)
         _launch(gin, grad, indices)
@@ -223,87 +345,164 @@ def _max_backward(op, args, grad, x, indices):
 @register(aten.max_pool2d_with_indices_backward.default)
 def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation,
                                      ceil_mode, indices):
-    return _max_backward(aten.max_pool2d_with_indices_backward.default,
+    return _max_backward(aten.max_pool2d_with_indices_backward.default, 2,
+                         (grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices),
+                         grad, x, indices)
+
+
+@register(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation,
+                                     ceil_mode, indices):
+    return _max_backward(aten.max_pool3d_with_indices_backward.default, 3,
                          (grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices),
                          grad, x, indices)
 
 
 @register(aten.adaptive_max_pool2d_backward.default)
 def adaptive_max_pool2d_backward(grad, x, indices):
-    return _max_backward(aten.adaptive_max_pool2d_backward.default, (grad, x, indices), grad, x,
-                         indices)
+    return _max_backward(aten.adaptive_max_pool2d_backward.default, 2, (grad, x, indices), grad,
+                         x, indices)
+
+
+@register(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad, x, indices):
+    return _max_backward(aten.adaptive_max_pool3d_backward.default, 3, (grad, x, indices), grad,
+                         x, indices)
+
+
+@register(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
+    return _max_backward(aten.fractional_max_pool2d_backward.default, 2,
+                         (grad, x, kernel_size, output_size, indices), grad, x, indices)
+
+
+@register(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
+    return _max_backward(aten.fractional_max_pool3d_backward.default, 3,
+                         (grad, x, kernel_size, output_size, indices), grad, x, indices)
 
 
 # -- average pooling -------------------------------------------------------------------------
-def _avg(x, out_meta, wh, ww, divisor):
+def _avg(x, out_meta, k, windows, divisor):
     out = T.empty(out_meta.shape, x.dtype)
     if out.numel():
-        g, _ = _geometry(x, out)
+        g = _geometry(x, out, k)
         res = result_buffer(out)
-        avg_pool(res, widen(x), g, *wh, *ww, divisor)
+        integer = not x.dtype.is_floating_point
+        avg_pool(res, widen(x), g, *[a for w in windows for a in w], divisor, integer)
         narrow_into(out, res)
         _launch(x, out)
     return out
 
 
-def _avg_backward(grad, x, wh, ww, divisor):
+def _avg_backward(grad, x, k, windows, divisor):
     gin = T.empty(x.shape, x.dtype)
     if gin.numel():
         values = np.zeros(gin.numel(), np.float32)
         if grad.numel():
-            g, _ = _geometry(x, grad, grad)
-            avg_pool_backward(values, widen(grad), g, *wh, *ww, divisor)
+            g = _geometry(x, grad, k, grad)
+            avg_pool_backward(values, widen(grad), g, *[a for w in windows for a in w], divisor)
         narrow_into(gin, values)
         _launch(gin, grad)
     return gin
 
 
-def _avg_params(x, out_meta, kernel_size, stride, padding, count_include_pad):
-    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel_size), _pair(stride, kernel_size), \
-        _pair(padding)
-    (_, _, H, W), _ = _nchw(x)
-    Ho, Wo = out_meta.shape[-2:]
-    return (_avg_windows(H, Ho, kh, sh, ph, count_include_pad),
-            _avg_windows(W, Wo, kw, sw, pw, count_include_pad))
+def _avg_params(x, out_meta, k, kernel_size, stride, padding, count_include_pad):
+    ks, ss, ps = _axes(kernel_size, k), _axes(stride, k, kernel_size), _axes(padding, k)
+    sizes, outs = _sizes(x, out_meta, k)
+    windows = [_avg_windows(*a, count_include_pad) for a in zip(sizes, outs, ks, ss, ps)]
+    return [_UNIT] * (3 - k) + windows
+
+
+def _cpu_dtypes(k, x, frame):
+    """The CPU has no 16-bit 3-D average pooling; raise its error."""
+    if k == 3 and x.dtype in (torch.bfloat16, torch.float16):
+        raise NotImplementedError(f'"{frame}" not implemented for \'{T.dtype_name(x.dtype)}\'')
+
+
+def _avg_pool(op, k, args):
+    x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override = args
+    meta = _shape_of(op, args)
+    _cpu_dtypes(k, x, "avg_pool3d_out_frame")
+    if not _native(x, k):
+        return _fallback(op, args)
+    windows = _avg_params(x, meta, k, kernel_size, stride, padding, count_include_pad)
+    return _avg(x, meta, k, windows, divisor_override or 0)
 
 
 @register(aten.avg_pool2d.default)
 def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
-    args = (x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    meta = _shape_of(aten.avg_pool2d.default, args)
-    if not _native(x, floating=True):
-        return _fallback(aten.avg_pool2d.default, args)
-    wh, ww = _avg_params(x, meta, kernel_size, stride, padding, count_include_pad)
-    return _avg(x, meta, wh, ww, divisor_override or 0)
+    return _avg_pool(aten.avg_pool2d.default, 2, (x, kernel_size, stride, padding, ceil_mode,
+                                                  count_include_pad, divisor_override))
+
+
+@register(aten.avg_pool3d.default)
+def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(aten.avg_pool3d.default, 3, (x, kernel_size, stride, padding, ceil_mode,
+                                                  count_include_pad, divisor_override))
+
+
+def _avg_pool_backward(op, k, args):
+    grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override = args
+    _shape_of(op, args)
+    _cpu_dtypes(k, x, "avg_pool3d_backward_out_frame")
+    if not _native(x, k, grad, floating=True):
+        return _fallback(op, args)
+    windows = _avg_params(x, grad, k, kernel_size, stride, padding, count_include_pad)
+    return _avg_backward(grad, x, k, windows, divisor_override or 0)
 
 
 @register(aten.avg_pool2d_backward.default)
 def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                         divisor_override):
-    args = (grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    _shape_of(aten.avg_pool2d_backward.default, args)
-    if not _native(x, grad, floating=True):
-        return _fallback(aten.avg_pool2d_backward.default, args)
-    wh, ww = _avg_params(x, grad, kernel_size, stride, padding, count_include_pad)
-    return _avg_backward(grad, x, wh, ww, divisor_override or 0)
+    return _avg_pool_backward(aten.avg_pool2d_backward.default, 2,
+                              (grad, x, kernel_size, stride, padding, ceil_mode,
+                               count_include_pad, divisor_override))
+
+
+@register(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return _avg_pool_backward(aten.avg_pool3d_backward.default, 3,
+                              (grad, x, kernel_size, stride, padding, ceil_mode,
+                               count_include_pad, divisor_override))
+
+
+def _adaptive_avg(op, k, x, output_size):
+    meta = _shape_of(op, (x, output_size))
+    if not _native(x, k, floating=True):
+        return _fallback(op, (x, output_size))
+    sizes, outs = _sizes(x, meta, k)
+    windows = [_adaptive_windows(s, o) for s, o in zip(sizes, outs)]
+    return _avg(x, meta, k, [_UNIT] * (3 - k) + windows, 0)
 
 
 @register(aten._adaptive_avg_pool2d.default)
 def adaptive_avg_pool2d(x, output_size):
-    meta = _shape_of(aten._adaptive_avg_pool2d.default, (x, output_size))
-    if not _native(x, floating=True):
-        return _fallback(aten._adaptive_avg_pool2d.default, (x, output_size))
-    (_, _, H, W), _ = _nchw(x)
-    Ho, Wo = meta.shape[-2:]
-    return _avg(x, meta, _adaptive_windows(H, Ho), _adaptive_windows(W, Wo), 0)
+    return _adaptive_avg(aten._adaptive_avg_pool2d.default, 2, x, output_size)
+
+
+@register(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(x, output_size):
+    return _adaptive_avg(aten._adaptive_avg_pool3d.default, 3, x, output_size)
+
+
+def _adaptive_avg_backward(op, k, grad, x):
+    _shape_of(op, (grad, x))
+    if not _native(x, k, grad, floating=True):
+        return _fallback(op, (grad, x))
+    sizes, outs = _sizes(x, grad, k)
+    windows = [_adaptive_windows(s, o) for s, o in zip(sizes, outs)]
+    return _avg_backward(grad, x, k, [_UNIT] * (3 - k) + windows, 0)
 
 
 @register(aten._adaptive_avg_pool2d_backward.default)
 def adaptive_avg_pool2d_backward(grad, x):
-    _shape_of(aten._adaptive_avg_pool2d_backward.default, (grad, x))
-    if not _native(x, grad, floating=True):
-        return _fallback(aten._adaptive_avg_pool2d_backward.default, (grad, x))
-    (_, _, H, W), _ = _nchw(x)
-    Ho, Wo = grad.shape[-2:]
-    return _avg_backward(grad, x, _adaptive_windows(H, Ho), _adaptive_windows(W, Wo), 0)
+    return _adaptive_avg_backward(aten._adaptive_avg_pool2d_backward.default, 2, grad, x)
+
+
+@register(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad, x):
+    return _adaptive_avg_backward(aten._adaptive_avg_pool3d_backward.default, 3, grad, x)

@@ -4,8 +4,11 @@ Element i of a sampling kernel uses counter offset+i, so a result depends only
 on torch.neuron's seed and the sequence of calls; the CPU generator is never
 touched. Values are computed in fp32 and rounded once into the output dtype.
 Factories (rand, randn, randint, normal.float_float) reach these as empty + `op_`.
+Also here: geometric / cauchy / log_normal, and rrelu's random slopes in training.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -43,6 +46,13 @@ _TRANSFORMS = {
         lambda w0, w1, a, b: -np.log(_F32(1) - uniform01(w0)) / a),
     "bernoulli": njit(inline="always")(
         lambda w0, w1, a, b: _F32(1) if uniform01(w0) < a else _F32(0)),
+    # u in (0, 1) so the log is finite and every draw is >= 1; b = log1p(-p) from the host
+    "geometric": njit(inline="always")(
+        lambda w0, w1, a, b: np.ceil(np.log((_F32(w0 >> np.uint32(8)) + _F32(0.5))
+                                            * _F32(5.9604644775390625e-08)) / b)),
+    "cauchy": njit(inline="always")(
+        lambda w0, w1, a, b: a + b * np.tan(_F32(np.pi) * (uniform01(w0) - _F32(0.5)))),
+    "log_normal": njit(inline="always")(lambda w0, w1, a, b: np.exp(a + b * normal01(w0, w1))),
 }
 
 
@@ -124,6 +134,110 @@ def exponential_(x, lambd=1.0, *, generator=None):
     if not lambd > 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
     return fill_random(x, "exponential", lambd)
+
+
+@register(aten.geometric_.default)
+def geometric_(x, p, *, generator=None):
+    _check_generator(generator)
+    if x.dtype == torch.bool:
+        raise NotImplementedError("\"geometric_cpu\" not implemented for 'Bool'")
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p:g}")
+    return fill_random(x, "geometric", p, math.log1p(-p))
+
+
+_C_NAMES = {torch.int8: "signed char", torch.uint8: "unsigned char", torch.int16: "short int",
+            torch.int32: "int", torch.int64: "long int", torch.bool: "bool"}  # C++ type names
+
+
+@register(aten.cauchy_.default)
+def cauchy_(x, median=0.0, sigma=1.0, *, generator=None):
+    _check_generator(generator)
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f"Cauchy distribution is a continuous probability distribution. dtype "
+                           f"must be a floating point but you specified {_C_NAMES[x.dtype]}")
+    if not sigma > 0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma:g}")
+    return fill_random(x, "cauchy", median, sigma)
+
+
+@register(aten.log_normal_.default)
+def log_normal_(x, mean=1.0, std=2.0, *, generator=None):
+    _check_generator(generator)
+    _float_only(x, "log_normal_cpu")
+    if not std > 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std:g}")
+    return fill_random(x, "log_normal", mean, std)
+
+
+def _fresh(x):
+    return T.empty(x.shape, x.dtype)
+
+
+# the functional forms: a fresh tensor of x's layout filled in place
+register(aten.geometric.default)(lambda x, p, *, generator=None: geometric_(
+    _fresh(x), p, generator=generator))
+register(aten.cauchy.default)(lambda x, median=0.0, sigma=1.0, *, generator=None: cauchy_(
+    _fresh(x), median, sigma, generator=generator))
+register(aten.log_normal.default)(lambda x, mean=1.0, std=2.0, *, generator=None: log_normal_(
+    _fresh(x), mean, std, generator=generator))
+
+
+# -- rrelu: a random negative slope per element in training, the mean slope in eval ------------
+def _make_rrelu(load, store):
+    @njit(**_JIT)
+    def rrelu(out, noise, x, key, counter, lower, upper):
+        for i in range(x.shape[0]):
+            v = load(x[i])
+            if v <= 0:
+                w0, _ = philox(counter + np.uint64(i), key)
+                r = lower + (upper - lower) * uniform01(w0)
+                out[i] = store(v * r)
+                noise[i] = store(r)
+            else:
+                out[i] = x[i]
+                noise[i] = store(_F32(1))
+
+    return rrelu
+
+
+_rrelus: dict = {}
+
+
+def _rrelu(x, noise, lower, upper, training):
+    _float_only(x, "rrelu_with_noise_out_cpu")
+    if not training:  # deterministic: leaky_relu with the mean slope; noise untouched
+        return aten.leaky_relu.default(x, (lower + upper) / 2), noise
+    code = numerics.CODE[x.dtype]
+    kernel = _rrelus.get(code)
+    if kernel is None:
+        kernel = _rrelus[code] = _make_rrelu(numerics.loader(code, "f32"), numerics.storer(code))
+    src = x.contiguous()
+    out, sampled = T.empty(x.shape, x.dtype), T.empty(x.shape, x.dtype)
+    if x.numel():
+        key, counter = default_generator.take(x.numel())
+        kernel(out._nd.reshape(-1), sampled._nd.reshape(-1), src._nd.reshape(-1), key, counter,
+               _F32(lower), _F32(upper))
+        core.launch("gpsimd", x.numel(), 3 * out._nd.nbytes)
+    return out, sampled
+
+
+@register(aten.rrelu_with_noise.default)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3, training=False, generator=None):
+    _check_generator(generator)
+    out, sampled = _rrelu(x, noise, lower, upper, training)
+    if sampled is not noise:
+        E.copy_into(noise, sampled)
+    return out
+
+
+@register(aten.rrelu_with_noise_functional.default)
+def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1.0 / 3, training=False,
+                                generator=None):
+    _check_generator(generator)
+    out, sampled = _rrelu(x, noise, lower, upper, training)
+    return out, (E.copy_into(T.empty(noise.shape, noise.dtype), noise) if sampled is noise
+                 else sampled)
 
 
 # -- *_like factories (they arrive with a tensor, so through the op table) -------------------

@@ -7,10 +7,14 @@ asserts that nothing fell back to the CPU.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 import neuron_eager
+from neuron_eager.ops import router
+from neuron_eager.ops.registry import KERNELS
 
 NEURON = torch.device("neuron")
 # (rtol, atol) per dtype: Trainium computes 16-bit floats in fp32 and rounds once.
@@ -78,3 +82,19 @@ def check_op(fn, *args, grad=False, native=True, rtol=None, atol=None, **kwargs)
         assert neuron_eager.get_fallback_ops() == {}, \
             f"fell back to CPU: {neuron_eager.get_fallback_ops()}"
     return actual
+
+
+@contextlib.contextmanager
+def without_kernel(op):
+    """Hide `op`'s kernel from the router: it (and the in-place/out= forms derived from it)
+    falls back to the CPU. Every op has a kernel or decomposition, so tests make their own
+    fallback example this way."""
+    kernel = KERNELS.pop(op)
+    router._entries.clear()
+    router._plans.clear()
+    try:
+        yield
+    finally:
+        KERNELS[op] = kernel
+        router._entries.clear()
+        router._plans.clear()

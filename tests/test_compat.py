@@ -54,3 +54,8 @@ def test_wrapper_rebuild_function_is_allowed_by_weights_only_load():
     torch.save({"w": torch.ones(2).to("neuron")}, buf)
     buf.seek(0)
     assert torch.load(buf)["w"].device.type == "neuron"
+
+
+def test_torch_lapack_library_exports_what_linalg_calls_or_is_absent():
+    lib = _compat.torch_lapack_library()
+    assert lib is None or all(hasattr(lib, f"{name}_") for name in ("sgesdd", "ssyevd"))

@@ -122,3 +122,11 @@ def test_auto_cast_settings_are_checked():
     with pytest.raises(ValueError, match="auto_cast_type"):
         neuron_eager.config.auto_cast_type = "fp64"
     assert config.auto_cast == "none" and config.auto_cast_type == "bf16"
+
+
+def test_auto_cast_matmult_rounds_convolution_operands(auto_cast, seed):
+    x, w = torch.randn(2, 3, 9, 9), torch.randn(4, 3, 3, 3)
+    conv = torch.nn.functional.conv2d
+    want = conv(x.bfloat16().float().to("neuron"), w.bfloat16().float().to("neuron")).cpu()
+    auto_cast.auto_cast = "matmult"
+    assert torch.equal(conv(x.to("neuron"), w.to("neuron")).cpu(), want)

@@ -169,3 +169,90 @@ def test_integer_modulo_signs_and_division_by_zero(dtype):
             op(a[:3], zero)
         with pytest.raises(RuntimeError, match="ZeroDivisionError"):
             op(a[:3].to("neuron"), zero.to("neuron"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_angle(dtype):
+    x = torch.tensor([-1.5, 0.0, -0.0, 2.0, float("nan"), -float("inf")])
+    check_op(torch.angle, x.to(dtype) if dtype.is_floating_point else x[:4].to(dtype))
+    check_op(torch.angle, torch.tensor([True, False]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_frexp(dtype):
+    x = torch.tensor([0.0, 3.0, -0.5, 1e-3, 7e4, float("inf"), float("nan")]).to(dtype)
+    check_op(torch.frexp, x)
+    check_op(torch.frexp, torch.randn(3, 4).to(dtype).t())
+    check_op(torch.frexp, torch.tensor([1e-40]))  # subnormal float32
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8])
+def test_gcd_lcm_shifts(dtype):
+    a = torch.tensor([-12, 0, 6, 7, 1, -5], dtype=dtype) if dtype != torch.uint8 else \
+        torch.tensor([12, 0, 6, 7, 1, 200], dtype=dtype)
+    b = torch.tensor([18, 0, -4, 0, 3, 5], dtype=dtype).abs()
+    check_op(torch.gcd, a, b)
+    check_op(torch.lcm, a, b)
+    s = torch.tensor([0, 1, 3, 7, 31, 2], dtype=dtype)
+    for op in [torch.bitwise_left_shift, torch.bitwise_right_shift]:
+        check_op(op, a, s)
+        check_op(op, a, 2)
+        check_op(lambda t: op(3, t), s)
+    check_op(lambda x, y: x << y, a, s)
+    check_op(lambda x, y: x >> 1, a, s)
+
+
+def test_shift_out_of_range_and_int_only_errors():
+    a = torch.tensor([1, -3, -7, 7], dtype=torch.int32)
+    check_op(torch.bitwise_left_shift, a, torch.tensor([31, 40, 32, 33], dtype=torch.int32))
+    check_op(torch.bitwise_right_shift, a, torch.tensor([31, 40, -1, 64], dtype=torch.int32))
+
+    def inplace(x):
+        y = x.clone()
+        y <<= 2
+        y >>= 1
+        return y
+
+    check_op(inplace, a)
+    for fn in [torch.gcd, torch.lcm, torch.bitwise_left_shift, torch.bitwise_right_shift]:
+        for x in [torch.ones(2), torch.ones(2, dtype=torch.bool)]:
+            with pytest.raises(NotImplementedError) as cpu:
+                fn(x, x)
+            with pytest.raises(NotImplementedError) as ours:
+                fn(x.to("neuron"), x.to("neuron"))
+            assert str(ours.value) == str(cpu.value)
+
+
+def test_allclose():
+    x = torch.randn(5)
+    for y, kw in [(x, {}), (x + 1e-6, {}), (x + 1e-3, {}), (x + 1e-3, {"atol": 1e-2})]:
+        assert torch.allclose(x.to("neuron"), y.to("neuron"), **kw) == torch.allclose(x, y, **kw)
+    nan = torch.tensor([float("nan")])
+    assert torch.allclose(nan.to("neuron"), nan.to("neuron"), equal_nan=True)
+    with pytest.raises(RuntimeError, match="Float did not match Double"):
+        torch.allclose(x.to("neuron"), x.double().to("neuron"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
+def test_hash_tensor(dtype):
+    x = torch.randn(3, 4, 5).to(dtype) if dtype != torch.int32 else \
+        torch.randint(-100, 100, (3, 4, 5), dtype=dtype)
+    check_op(torch.hash_tensor, x)
+    check_op(lambda t: torch.hash_tensor(t, dim=(0, 2)), x)
+    check_op(lambda t: torch.hash_tensor(t, dim=1, keepdim=True), x.transpose(0, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_renorm(dtype):
+    x = torch.randn(3, 6, 5).to(dtype)
+    check_op(lambda t: torch.renorm(t, 2, 1, 1.5), x)
+    check_op(lambda t: torch.renorm(t, 1, 0, 3.0), x)
+    check_op(lambda t: torch.renorm(t, float("inf"), -1, 1.0), x)
+    if dtype == torch.float32:
+        check_op(lambda t: torch.renorm(t, 2, 0, 2.0), x.requires_grad_(), grad=True)
+    for p, maxnorm in [(-1, 1.0), (2, -1.0)]:
+        with pytest.raises(RuntimeError) as cpu:
+            torch.renorm(x, p, 0, maxnorm)
+        with pytest.raises(RuntimeError) as ours:
+            torch.renorm(x.to("neuron"), p, 0, maxnorm)
+        assert str(ours.value) == str(cpu.value)

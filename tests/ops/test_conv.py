@@ -69,10 +69,15 @@ def test_conv_integer_and_empty(seed):
     check_op(F.conv2d, _rand(0, 3, 6, 6, grad=False), _rand(4, 3, 3, 3, grad=False))
 
 
-def test_conv3d_falls_back(seed):
-    with pytest.warns(UserWarning, match="fell back to CPU"):
-        check_op(F.conv3d, _rand(1, 2, 4, 4, 4), _rand(3, 2, 2, 2, 2), native=False,
-                 **TOL[torch.float32])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_conv3d(dtype, seed):
+    check_op(lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=(1, 0, 1),
+                                      dilation=(1, 1, 2), groups=2),
+             _rand(2, 4, 4, 5, 6, dtype=dtype), _rand(6, 2, 2, 3, 2, dtype=dtype),
+             _rand(6, dtype=dtype), grad=True, **TOL[dtype])
+    check_op(lambda x, w, b: F.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=1),
+             _rand(1, 3, 3, 4, 3, dtype=dtype), _rand(3, 2, 3, 2, 3, dtype=dtype),
+             _rand(2, dtype=dtype), grad=True, **TOL[dtype])
 
 
 def test_conv_launches_and_errors(seed):

@@ -293,3 +293,115 @@ def test_nothing_fell_back():
     x[x > 0] = 1.0
     torch.cat([x.index_select(0, torch.tensor([1], device=NEURON)), x.tril()]).flip(0)
     assert neuron_eager.get_fallback_ops() == {}
+
+
+# -- put, index_reduce, embedding_bag ---------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int32])
+def test_put(dtype, seed):
+    x, src = _x((4, 5), dtype), _x((2, 3), dtype)
+    idx = torch.tensor([[1, -1, 7], [19, 7, 0]])
+    check_op(lambda t, i, s: t.put(i, s[:, :3]), x, idx[:, :3].clamp(max=18), src)
+    check_op(lambda t, i, s: t.put(i, s, accumulate=True), x, idx, src)
+    check_op(lambda t, i, s: t.t().put(i, s, accumulate=True), x, idx, src)  # strided self
+    check_error(lambda t, i, s: t.put(i, s), x, torch.tensor([[20, 0, 0], [0, 0, 0]]), src)
+    check_error(lambda t, i, s: t.put(i, s), x, idx[:1], src)
+
+
+def test_put_grad(seed):
+    check_op(lambda t, i, s: t.put(i, s, accumulate=True), torch.randn(3, 4).requires_grad_(),
+             torch.tensor([1, 1, -2]), torch.randn(3).requires_grad_(), grad=True)
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce(reduce, include_self, seed):
+    idx = torch.tensor([1, 3, 1, 0])
+    for dtype in DTYPES + [torch.int32] if include_self else [torch.float32]:
+        x, src = _x((5, 6), dtype), _x((5, 4), dtype)
+        check_op(lambda t, i, s: t.index_reduce(1, i, s, reduce, include_self=include_self),
+                 x, idx, src)
+    check_op(lambda t, i, s: t.index_reduce(0, i, s, reduce, include_self=include_self),
+             torch.randn(4, 3).requires_grad_(), idx, torch.randn(4, 3).requires_grad_(),
+             grad=True)
+    check_error(lambda t, i, s: t.index_reduce(0, i, s, "sum"), torch.ones(2), idx[:1],
+                torch.ones(1))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag(mode, seed):
+    w = torch.randn(10, 3)
+    idx, off = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4, 4, 6])
+    for pad in (None, 2):
+        check_op(lambda i, t, o: F.embedding_bag(i, t, o, mode=mode, padding_idx=pad), idx,
+                 w.clone().requires_grad_(), off, grad=True)
+    check_op(lambda i, t, o: F.embedding_bag(i, t, o, mode=mode, include_last_offset=True),
+             idx, w.bfloat16(), torch.tensor([0, 4, 4, 8]))
+    check_op(lambda i, t: F.embedding_bag(i, t, mode=mode), idx.reshape(2, 4).int(), w)
+    if mode == "sum":
+        check_op(lambda i, t, o, p: F.embedding_bag(i, t, o, mode="sum", per_sample_weights=p),
+                 idx, w.clone().requires_grad_(), off, torch.randn(8).requires_grad_(),
+                 grad=True)
+
+
+def test_index_put_accumulate_rounds_like_cpu(seed):
+    # duplicates add into the bf16/fp16 destination one at a time, as on the CPU
+    for dtype in (torch.bfloat16, torch.float16):
+        v = torch.tensor([1.0] + [2.0 ** -8] * 8).to(dtype)
+        i = torch.zeros(9, dtype=torch.long)
+        check_op(lambda t, a, w: t.index_put((a,), w, accumulate=True), torch.zeros(1).to(dtype),
+                 i, v, rtol=0, atol=0)
+    x, mask = torch.randn(5, 5).bfloat16(), torch.rand(10, 10) > 0.3
+    rows, cols = torch.randint(0, 5, (10, 1)), torch.randint(0, 5, (1, 10))
+    check_op(lambda t, m, r, c, v: torch.ops.aten._unsafe_masked_index_put_accumulate(
+        t, m, [r, c], v), x, mask, rows, cols, torch.randn(10, 10).bfloat16(), rtol=0, atol=0)
+
+
+# -- nonzero_static, segment_reduce, rot90, resize_as_, linspace / logspace ---------------------
+def test_nonzero_static(seed):
+    m = torch.tensor([[1.0, 0, 3], [0, -0.0, 2]])
+    for size in (0, 1, 3, 6):
+        check_op(lambda t: torch.nonzero_static(t, size=size, fill_value=-3), m)
+    check_op(lambda t: torch.nonzero_static(t.t(), size=4), m > 0)
+    check_op(lambda t: torch.nonzero_static(t, size=2), torch.tensor(3))
+    check_error(lambda t: torch.nonzero_static(t, size=-1), m)
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "sum", "mean", "prod"])
+def test_segment_reduce(reduce, seed):
+    x = torch.tensor([1.0, 5, 2, 5, -1, 3, 0, 0, 2])
+    lengths, offsets = torch.tensor([2, 0, 4, 3]), torch.tensor([0, 2, 2, 6, 9])
+    sr = torch.ops.aten.segment_reduce
+    for initial in (None, 4.0):
+        check_op(lambda t, n: sr(t, reduce, lengths=n, initial=initial),
+                 x.clone().requires_grad_(), lengths, grad=True)
+        check_op(lambda t, o: sr(t, reduce, offsets=o, initial=initial),
+                 x.clone().requires_grad_(), offsets, grad=True)
+    data, lens = torch.randn(2, 6, 3), torch.tensor([[2, 0, 3, 1], [1, 1, 1, 3]])
+    check_op(lambda t, n: sr(t, reduce, lengths=n, axis=1), data.requires_grad_(), lens,
+             grad=True)
+    check_op(lambda t, n: sr(t, reduce, lengths=n, axis=1), data.detach().bfloat16(), lens)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.bool])
+def test_rot90_and_resize_as(dtype, seed):
+    x = _x((3, 4, 2), dtype) if dtype != torch.bool else torch.rand(3, 4, 2) > 0.5
+    for k in (-1, 0, 1, 2, 3, 6):
+        check_op(lambda t: torch.rot90(t, k, [0, 2]), x)
+    check_error(lambda t: torch.rot90(t, 1, [1, 1]), x)
+    check_op(lambda t, o: t.clone().resize_as_(o), x, torch.ones(2, 5))
+    if dtype == torch.float32:
+        check_op(lambda t: torch.rot90(t, 1, [1, 2]) * 2, x.requires_grad_(), grad=True)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.int32, torch.int64, torch.bfloat16])
+def test_linspace_logspace_tensor_bounds(dtype):
+    start, end = torch.tensor(1.5), torch.tensor(-3.7)
+    tol = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}
+    check_op(lambda s, e: torch.linspace(s, e, 5, dtype=dtype, device=s.device), start, end,
+             **tol)
+    check_op(lambda e: torch.linspace(2, e, 7, dtype=dtype, device=e.device), end, **tol)
+    check_op(lambda s: torch.logspace(s, 3.7, 5, base=3, dtype=dtype, device=s.device), start)
+    check_op(lambda s, e: torch.logspace(s, e, 6, dtype=dtype, device=s.device), end, start)
+    check_op(lambda s: torch.logspace(-1.5, 2.7, 7, dtype=dtype, device=s.device), start)
+    check_op(lambda s: torch.logspace(2, 2.7, 1, dtype=dtype, device=s.device), start)
+    check_error(lambda s: torch.logspace(s, 3, 4, device=s.device), torch.ones(1))

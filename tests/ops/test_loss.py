@@ -193,3 +193,33 @@ def test_kl_div_decomposes(seed):
     x = torch.randn(3, 5).log_softmax(1).requires_grad_()
     t = torch.softmax(torch.randn(3, 5), 1)
     check_op(lambda x, t: F.kl_div(x, t, reduction="batchmean"), x, t, grad=True, native=False)
+
+
+# -- margin losses and CTC ---------------------------------------------------------------
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_margin_losses_backward(reduction, seed):
+    x = torch.randn(6, 5, requires_grad=True)
+    t = torch.tensor([0, 4, 2, 1, 3, 4])
+    w = torch.rand(5) + 0.5
+    check_op(lambda x, t, w: F.multi_margin_loss(x, t, p=2, margin=0.7, weight=w,
+                                                 reduction=reduction), x, t, w, grad=True)
+    check_op(lambda x, t: F.multi_margin_loss(x, t, reduction=reduction), x[0], t[0], grad=True)
+    labels = torch.tensor([[3, 0, -1, 1, 2], [1, 2, 4, 0, 3], [-1, 1, 2, 3, 4],
+                           [4, -1, 0, 0, 0], [2, 1, -1, 0, 0], [0, 1, 2, 3, -1]])
+    check_op(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction), x, labels,
+             grad=True)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_ctc_loss(reduction, seed):
+    T_, N, C = 12, 3, 6
+    lp = torch.randn(T_, N, C).log_softmax(2).requires_grad_()
+    targets = torch.tensor([[1, 2, 2, 5], [3, 3, 1, 0], [4, 1, 5, 2]])
+    in_lens, tg_lens = [12, 9, 5], [4, 2, 0]
+    check_op(lambda lp, t: F.ctc_loss(lp, t, in_lens, tg_lens, reduction=reduction), lp,
+             targets, grad=True, rtol=1e-4, atol=1e-5)
+    flat = torch.tensor([1, 2, 2, 5, 3, 3], dtype=torch.int32)  # concatenated targets
+    check_op(lambda lp, t, il, tl: F.ctc_loss(lp, t, il, tl, blank=0, reduction=reduction,
+                                              zero_infinity=True),
+             lp, flat, torch.tensor([12, 1, 5]), torch.tensor([4, 2, 0]), grad=True,
+             rtol=1e-4, atol=1e-5)

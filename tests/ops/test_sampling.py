@@ -28,6 +28,10 @@ def _samplers():
         "multinomial": lambda: torch.multinomial(torch.ones(64, device=NEURON), 8),
         "multinomial_r": lambda: torch.multinomial(torch.ones(3, 8, device=NEURON), 5, True),
         "randn_like": lambda: torch.randn_like(torch.empty(8, device=NEURON)),
+        "geometric": lambda: torch.empty(64, device=NEURON).geometric_(0.3),
+        "cauchy": lambda: torch.empty(64, device=NEURON).cauchy_(),
+        "log_normal": lambda: torch.empty(64, device=NEURON, dtype=torch.bfloat16).log_normal_(),
+        "rrelu": lambda: F.rrelu(torch.linspace(-1, 1, 64, device=NEURON), training=True),
     }
 
 
@@ -169,6 +173,12 @@ def test_multinomial(seed):
     lambda d: torch.multinomial(torch.tensor([-1.0, 0, 0], device=d), 2),
     lambda d: torch.multinomial(torch.zeros(3, device=d), 2, True),
     lambda d: torch.empty(3, device=d, dtype=torch.int64).uniform_(),
+    lambda d: torch.empty(3, device=d).geometric_(1),
+    lambda d: torch.empty(3, device=d, dtype=torch.bool).geometric_(0.5),
+    lambda d: torch.empty(3, device=d).cauchy_(0, 0),
+    lambda d: torch.empty(3, device=d, dtype=torch.int32).cauchy_(),
+    lambda d: torch.empty(3, device=d).log_normal_(0, 0),
+    lambda d: torch.empty(3, device=d, dtype=torch.int32).log_normal_(),
 ])
 def test_errors_match_cpu(fn):
     with pytest.raises(Exception) as cpu:
@@ -176,3 +186,34 @@ def test_errors_match_cpu(fn):
     with pytest.raises(type(cpu.value)) as ours:
         fn(NEURON)
     assert str(ours.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_geometric_cauchy_log_normal_statistics(dtype, seed):
+    g = _host(torch.empty(N, device=NEURON, dtype=dtype).geometric_(0.25))
+    assert g.min() >= 1 and torch.equal(g, g.round()) and abs(g.mean() - 4) < 0.05
+    gi = _host(torch.empty(N, device=NEURON, dtype=torch.int32).geometric_(0.5))
+    assert gi.min() >= 1 and abs(gi.mean() - 2) < 0.03
+    c = _host(torch.empty(N, device=NEURON, dtype=dtype).cauchy_(1.0, 2.0))
+    assert abs(c.median() - 1) < 0.05  # quartiles at median -+ sigma
+    assert abs(c.quantile(0.75) - 3) < 0.1 and abs(c.quantile(0.25) + 1) < 0.1
+    ln = _host(torch.empty(N, device=NEURON, dtype=dtype).log_normal_(0.5, 0.25)).log()
+    assert abs(ln.mean() - 0.5) < 0.01 and abs(ln.std() - 0.25) < 0.01
+    f = _host(torch.ops.aten.geometric(torch.empty(10, device=NEURON), 0.5))
+    assert f.min() >= 1
+
+
+def test_rrelu_training_and_eval(seed):
+    x = torch.randn(1000)
+    noise = torch.empty(1000, device=NEURON)
+    out = torch.ops.aten.rrelu_with_noise(x.to(NEURON), noise, 0.1, 0.3, True).cpu()
+    r = noise.cpu()
+    neg = x <= 0
+    assert torch.equal(r[~neg], torch.ones(int((~neg).sum())))
+    assert r[neg].min() >= 0.1 and r[neg].max() <= 0.3
+    torch.testing.assert_close(out, x * r)
+    y = x.to(NEURON).requires_grad_()
+    F.rrelu(y, 0.1, 0.3, training=True).sum().backward()
+    assert torch.all((y.grad.cpu() == 1) | ((y.grad.cpu() >= 0.1) & (y.grad.cpu() <= 0.3)))
+    from checks import check_op
+    check_op(lambda t: F.rrelu(t, 0.1, 0.3, training=False), x.requires_grad_(), grad=True)

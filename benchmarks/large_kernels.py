@@ -1,0 +1,64 @@
+"""Large kernels, neuron plain eager vs torch CPU, in one run (issue 3's targets).
+
+    python benchmarks/large_kernels.py [--repeat 9]
+
+4M-element fp32 add, mul and GELU (target: neuron at most 1.0x torch CPU's time) and
+1024x1024x1024 matmuls in fp32 and bf16 (target: at most 1.2x). Times are medians of
+`--repeat` runs after a warm-up (compiles excluded); both sides use every core torch uses.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import neuron_eager  # noqa: F401
+
+ELEMENTS = 4 * 1024 * 1024
+N = 1024
+
+
+def median_ms(fn, repeat: int) -> float:
+    fn()  # warm-up: compiles, allocator blocks
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def cases():
+    x, y = torch.randn(ELEMENTS), torch.randn(ELEMENTS)
+    yield "add 4M fp32", (lambda a, b: a + b), (x, y), 1.0
+    yield "mul 4M fp32", (lambda a, b: a * b), (x, y), 1.0
+    yield "gelu 4M fp32", (lambda a: F.gelu(a)), (x,), 1.0
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(N, N, dtype=dtype), torch.randn(N, N, dtype=dtype)
+        yield f"matmul 1024^3 {str(dtype)[6:]}", (lambda p, q: p @ q), (a, b), 1.2
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=9)
+    args = parser.parse_args(argv)
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    print(f"{'kernel':22s} {'torch CPU':>10s} {'neuron':>10s} {'ratio':>7s} {'target':>7s}")
+    for name, fn, inputs, target in cases():
+        on_device = [t.to("neuron") for t in inputs]
+        cpu = median_ms(lambda: fn(*inputs), args.repeat)
+        neuron = median_ms(lambda: fn(*on_device), args.repeat)
+        ratio = neuron / cpu
+        mark = "" if ratio <= target else "  (missed)"
+        print(f"{name:22s} {cpu:8.2f}ms {neuron:8.2f}ms {ratio:6.2f}x {target:6.1f}x{mark}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

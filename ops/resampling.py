@@ -1,0 +1,323 @@
+"""Separable resampling (Vector engine): upsampling gradients, antialiased bilinear upsampling
+and replication-padding gradients (grid sampling is in grid_sampling.py).
+
+Each of these maps output positions to input positions axis by axis, so each axis is a tap
+table: per output index, a few (input index, fp32 weight) pairs computed with the CPU's
+formulas (fp32 arithmetic, as its opmath does). One forward kernel gathers the weighted
+taps and one backward kernel scatters them (the adjoint), accumulating in fp32 and
+rounding once. Tensors are seen as planes (N*C) of D x H x W, unit tables padding 1-D/2-D.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import core
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.matmul import narrow_into, raise_like_cpu, result_buffer, widen
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+NeuronTensor = T.NeuronTensor
+F32 = np.float32
+
+
+# -- kernels ---------------------------------------------------------------------------------
+# g: planes P, channels C, strides (n, c, d, h, w) of the source, D, H, W (input side),
+#    Do, Ho, Wo (output side). Tables: index (out, taps) int64, weight (out, taps) fp32.
+@njit(error_model="numpy", nogil=True)
+def gather(out, x, g, id_, wd, ih, wh, iw, ww):
+    """out[p, od, oh, ow] = sum of x[p, id, ih, iw] * wd * wh * ww over the taps."""
+    P, C, sn, sc, sd, sh, sw = g[0], g[1], g[2], g[3], g[4], g[5], g[6]
+    Do, Ho, Wo = g[10], g[11], g[12]
+    o = 0
+    for p in range(P):
+        base = (p // C) * sn + (p % C) * sc
+        for od in range(Do):
+            for oh in range(Ho):
+                for ow in range(Wo):
+                    s = F32(0)
+                    for a in range(id_.shape[1]):
+                        for b in range(ih.shape[1]):
+                            wab = wd[od, a] * wh[oh, b]
+                            row = base + id_[od, a] * sd + ih[oh, b] * sh
+                            for c in range(iw.shape[1]):
+                                s += x[row + iw[ow, c] * sw] * (wab * ww[ow, c])
+                    out[o] = s
+                    o += 1
+
+
+@njit(error_model="numpy", nogil=True)
+def scatter(gin, grad, g, id_, wd, ih, wh, iw, ww):
+    """The adjoint of gather: gin (contiguous planes of D x H x W) += grad * weights."""
+    P, C, sn, sc, sd, sh, sw = g[0], g[1], g[2], g[3], g[4], g[5], g[6]
+    D, H, W, Do, Ho, Wo = g[7], g[8], g[9], g[10], g[11], g[12]
+    for p in range(P):
+        src = (p // C) * sn + (p % C) * sc
+        dst = p * D * H * W
+        for od in range(Do):
+            for oh in range(Ho):
+                for ow in range(Wo):
+                    v = grad[src + od * sd + oh * sh + ow * sw]
+                    for a in range(id_.shape[1]):
+                        for b in range(ih.shape[1]):
+                            vab = v * wd[od, a] * wh[oh, b]
+                            row = dst + (id_[od, a] * H + ih[oh, b]) * W
+                            for c in range(iw.shape[1]):
+                                gin[row + iw[ow, c]] += vab * ww[ow, c]
+
+
+# -- tap tables (the CPU's index arithmetic, UpSample.h) ------------------------------------
+def _unit():
+    return np.zeros((1, 1), np.int64), np.ones((1, 1), F32)
+
+
+def _scale(size: int, out: int, align_corners: bool, scale) -> np.float32:
+    """area_pixel_compute_scale in fp32."""
+    if align_corners:
+        return F32(size - 1) / F32(out - 1) if out > 1 else F32(0)
+    if scale is not None and scale > 0:
+        return F32(1.0 / scale)
+    return F32(size) / F32(out)
+
+
+def _source(scale, out, align_corners, cubic):
+    i = np.arange(out).astype(F32)
+    if align_corners:
+        return scale * i
+    src = scale * (i + F32(0.5)) - F32(0.5)
+    return src if cubic else np.maximum(src, F32(0))
+
+
+def _guard(src, size):
+    """guard_index_and_lambda: floor index (at most size - 1) and the fraction in [0, 1]."""
+    index = np.minimum(np.floor(src).astype(np.int64), size - 1)
+    lam = np.clip(src - index.astype(F32), F32(0), F32(1)).astype(F32)
+    return index, lam
+
+
+def nearest_taps(size, out, scale, exact=False):
+    i = np.arange(out, dtype=np.int64)
+    if not exact and out == size:
+        index = i
+    elif not exact and out == 2 * size:
+        index = i >> 1
+    else:
+        s = F32(1.0 / scale) if scale is not None and scale > 0 else F32(size) / F32(out)
+        # nearest: floorf(i * s); exact: floorf((i + 0.5) * s), the product in double
+        pos = (i.astype(F32) * s) if not exact else (i + 0.5) * np.float64(s)
+        index = np.minimum(np.floor(pos.astype(F32)).astype(np.int64), size - 1)
+    return index.reshape(-1, 1), np.ones((out, 1), F32)
+
+
+def linear_taps(size, out, align_corners, scale):
+    if out == size:
+        return np.arange(out, dtype=np.int64).reshape(-1, 1), np.ones((out, 1), F32)
+    src = _source(_scale(size, out, align_corners, scale), out, align_corners, False)
+    i0, lam = _guard(src, size)
+    i1 = i0 + (i0 < size - 1)
+    return np.stack([i0, i1], 1), np.stack([F32(1) - lam, lam], 1).astype(F32)
+
+
+def _cubic1(x, a):
+    return ((a + F32(2)) * x - (a + F32(3))) * x * x + F32(1)
+
+
+def _cubic2(x, a):
+    return ((a * x - F32(5) * a) * x + F32(8) * a) * x - F32(4) * a
+
+
+def cubic_taps(size, out, align_corners, scale):
+    src = _source(_scale(size, out, align_corners, scale), out, align_corners, True)
+    i0, t = _guard(src, size)
+    a, one = F32(-0.75), F32(1)
+    weights = np.stack([_cubic2(t + one, a), _cubic1(t, a), _cubic1(one - t, a),
+                        _cubic2(one - t + one, a)], 1).astype(F32)
+    index = np.clip(i0[:, None] - 1 + np.arange(4)[None, :], 0, size - 1)
+    return index, weights
+
+
+def aa_taps(size, out, align_corners, scale):
+    """Antialiased bilinear windows (_compute_weights_aa): a triangle filter widened by the
+    downscaling factor, weights normalised to sum 1."""
+    s = _scale(size, out, align_corners, scale)
+    support = F32(s) if s >= 1 else F32(1)
+    taps = int(math.ceil(support)) * 2 + 1
+    invscale = F32(1) / s if s >= 1 else F32(1)
+    index = np.zeros((out, taps), np.int64)
+    weights = np.zeros((out, taps), F32)
+    for i in range(out):
+        center = F32(np.float64(s) * (i + 0.5))
+        xmin = max(int(np.float64(center - support) + 0.5), 0)
+        xsize = min(int(np.float64(center + support) + 0.5), size) - xmin
+        xsize = min(max(xsize, 0), taps)
+        j = np.arange(xsize)
+        arg = (np.float64((j + xmin).astype(F32) - center) + 0.5) * np.float64(invscale)
+        w = np.maximum(F32(1) - np.abs(arg.astype(F32)), F32(0)).astype(F32)
+        total = F32(w.sum(dtype=F32))
+        if total != 0:
+            w = (w / total).astype(F32)
+        index[i, :xsize] = xmin + j
+        weights[i, :xsize] = w
+    return index, weights
+
+
+def pad_taps(size, out, left):
+    """Replication padding: output o reads input clamp(o - left) (negative pads crop)."""
+    index = np.clip(np.arange(out, dtype=np.int64) - left, 0, size - 1)
+    return index.reshape(-1, 1), np.ones((out, 1), F32)
+
+
+# -- running ---------------------------------------------------------------------------------
+def _planes(t: torch.Tensor, k: int):
+    """(N, C, D, H, W) sizes and strides of a tensor with k spatial dims and a batch dim
+    (or with the batch dim missing when it has k + 1 dims)."""
+    shape, stride = list(t.shape), list(t.stride())
+    if len(shape) == k + 1:
+        shape, stride = [1] + shape, [0] + stride
+    while len(shape) < 5:
+        shape.insert(2, 1)
+        stride.insert(2, 0)
+    return shape, stride
+
+
+def _meta(t):
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _check(op, args):
+    try:
+        return op(*[_meta(a) if isinstance(a, torch.Tensor) else a for a in args])
+    except NotImplementedError:  # no meta kernel: the kernel's own checks must do
+        return None
+    except (RuntimeError, ValueError, IndexError):
+        raise_like_cpu(op, *args)
+
+
+def _fallback(op, args):
+    from neuron_eager.ops.router import cpu_fallback
+
+    return cpu_fallback(op, args, {})
+
+
+def _tables(tables):
+    tables = [_unit()] * (3 - len(tables)) + list(tables)
+    return [np.ascontiguousarray(a) for tw in tables for a in tw]
+
+
+def resample_backward(grad: NeuronTensor, input_shape, k: int, tables) -> NeuronTensor:
+    """The adjoint of a separable resampling: grad (output side) -> input-side gradient."""
+    gin = T.empty(tuple(input_shape), grad.dtype)
+    if gin.numel():
+        values = np.zeros(gin.numel(), F32)
+        if grad.numel():
+            (N, C, *_), gs = _planes(grad, k)
+            (_, _, D, H, W), _ = _planes(gin, k)
+            (_, _, Do, Ho, Wo), _ = _planes(grad, k)
+            g = np.array([N * C, C, *gs, D, H, W, Do, Ho, Wo], np.int64)
+            scatter(values, widen(grad), g, *_tables(tables))
+        narrow_into(gin, values)
+        core.launch("vector", grad.numel(), grad._nd.nbytes + gin._nd.nbytes)
+    return gin
+
+
+def resample(x: NeuronTensor, out_shape, k: int, tables) -> NeuronTensor:
+    out = T.empty(tuple(out_shape), x.dtype)
+    if out.numel():
+        (N, C, D, H, W), xs = _planes(x, k)
+        (_, _, Do, Ho, Wo), _ = _planes(out, k)
+        g = np.array([N * C, C, *xs, D, H, W, Do, Ho, Wo], np.int64)
+        res = result_buffer(out)
+        gather(res, widen(x), g, *_tables(tables))
+        narrow_into(out, res)
+        core.launch("vector", out.numel(), x._nd.nbytes + out._nd.nbytes)
+    return out
+
+
+def _upsample_backward(op, args, scales, make_taps):
+    """args: grad, output_size, input_size, then the mode's arguments and scales."""
+    _check(op, args)
+    grad, output_size, input_size = args[:3]
+    if not isinstance(grad, NeuronTensor) or not grad.dtype.is_floating_point:
+        return _fallback(op, args)
+    k = len(output_size)
+    scales = list(scales) + [None] * (k - len(scales))
+    tables = [make_taps(input_size[2 + a], output_size[a], scales[a]) for a in range(k)]
+    return resample_backward(grad, input_size, k, tables)
+
+
+def _register_nearest(op, exact):
+    def kernel(grad, output_size, input_size, *scales):
+        args = (grad, output_size, input_size, *scales)
+        return _upsample_backward(op, args, scales,
+                                  lambda n, m, s: nearest_taps(n, m, s, exact))
+
+    register(op)(kernel)
+
+
+for _op, _exact in ((aten.upsample_nearest1d_backward.default, False),
+                    (aten.upsample_nearest2d_backward.default, False),
+                    (aten.upsample_nearest3d_backward.default, False),
+                    (aten._upsample_nearest_exact1d_backward.default, True),
+                    (aten._upsample_nearest_exact2d_backward.default, True),
+                    (aten._upsample_nearest_exact3d_backward.default, True)):
+    _register_nearest(_op, _exact)
+
+
+def _register_interp(op, taps):
+    def kernel(grad, output_size, input_size, align_corners, *scales):
+        args = (grad, output_size, input_size, align_corners, *scales)
+        return _upsample_backward(op, args, scales,
+                                  lambda n, m, s: taps(n, m, align_corners, s))
+
+    register(op)(kernel)
+
+
+for _op, _taps in ((aten.upsample_linear1d_backward.default, linear_taps),
+                   (aten.upsample_bilinear2d_backward.default, linear_taps),
+                   (aten.upsample_trilinear3d_backward.default, linear_taps),
+                   (aten.upsample_bicubic2d_backward.default, cubic_taps),
+                   (aten._upsample_bilinear2d_aa_backward.default, aa_taps)):
+    _register_interp(_op, _taps)
+
+
+@register(aten._upsample_bilinear2d_aa.default)
+def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    args = (x, output_size, align_corners, scales_h, scales_w)
+    meta = _check(aten._upsample_bilinear2d_aa.default, args)
+    if x.dtype in (torch.bfloat16, torch.float16):  # as the CPU, which has no 16-bit weights
+        raise NotImplementedError(
+            f'"compute_index_ranges_weights" not implemented for \'{T.dtype_name(x.dtype)}\'')
+    if not isinstance(x, NeuronTensor) or not x.dtype.is_floating_point or x.dim() != 4:
+        return _fallback(aten._upsample_bilinear2d_aa.default, args)
+    tables = [aa_taps(x.shape[2 + a], output_size[a], align_corners, s)
+              for a, s in enumerate((scales_h, scales_w))]
+    return resample(x, meta.shape, 2, tables)
+
+
+def _register_pad(op, k):
+    def kernel(grad, x, padding):
+        args = (grad, x, padding)
+        _check(op, args)
+        if not isinstance(grad, NeuronTensor) or not grad.dtype.is_floating_point:
+            return _fallback(op, args)
+        sizes, outs = x.shape[-k:], grad.shape[-k:]
+        # padding lists (left, right) pairs from the last dim backwards
+        tables = [pad_taps(sizes[a], outs[a], padding[2 * (k - 1 - a)]) for a in range(k)]
+        return resample_backward(grad, x.shape, k, tables)
+
+    register(op)(kernel)
+
+
+for _op, _k in ((aten.replication_pad1d_backward.default, 1),
+                (aten.replication_pad2d_backward.default, 2),
+                (aten.replication_pad3d_backward.default, 3)):
+    _register_pad(_op, _k)
+
+
+
+# Grid sampling has its own file; importing it here registers it with the resampling ops.
+from neuron_eager.ops import grid_sampling  # noqa: E402,F401

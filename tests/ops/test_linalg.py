@@ -1,0 +1,134 @@
+import pytest
+import torch
+
+import neuron_eager
+from checks import check_op
+
+B = (2,)  # batch shape used throughout
+
+
+def _spd(*shape):
+    a = torch.randn(*shape)
+    return a @ a.mT + shape[-1] * torch.eye(shape[-1])
+
+
+def _well(*shape):
+    return torch.randn(*shape) + shape[-1] * torch.eye(shape[-1])
+
+
+def test_cholesky_family(seed):
+    a = _spd(*B, 4, 4)
+    check_op(torch.linalg.cholesky, a.requires_grad_(), grad=True)
+    check_op(lambda x: torch.linalg.cholesky(x, upper=True), _spd(4, 4))
+    check_op(lambda x: torch.linalg.cholesky_ex(x), _spd(*B, 3, 3))
+    check_op(lambda x: torch.cholesky_inverse(torch.linalg.cholesky(x)), _spd(*B, 4, 4))
+    check_op(lambda x, b: torch.cholesky_solve(b, torch.linalg.cholesky(x)), _spd(4, 4),
+             torch.randn(*B, 4, 2))
+
+
+def test_cholesky_errors(seed):
+    bad = torch.stack([torch.eye(3), torch.diag(torch.tensor([1.0, -1.0, 1.0]))])
+    with pytest.raises(torch.linalg.LinAlgError) as cpu:
+        torch.linalg.cholesky(bad)
+    with pytest.raises(torch.linalg.LinAlgError) as dev:
+        torch.linalg.cholesky(bad.to("neuron"))
+    assert str(dev.value) == str(cpu.value)
+    check_op(lambda x: torch.linalg.cholesky_ex(x), bad)  # info, no error
+
+
+def test_singular_errors(seed):
+    z = torch.zeros(3, 3)
+    for fn in (torch.linalg.inv, torch.linalg.lu_factor, lambda x: torch.linalg.solve(x, x)):
+        with pytest.raises(RuntimeError) as cpu:
+            fn(z)
+        with pytest.raises(RuntimeError) as dev:
+            fn(z.to("neuron"))
+        assert type(dev.value) is type(cpu.value) and str(dev.value) == str(cpu.value)
+
+
+def test_solve_inv_det(seed):
+    a, b = _well(*B, 4, 4), torch.randn(*B, 4, 3)
+    check_op(torch.linalg.solve, a.clone().requires_grad_(), b.requires_grad_(), grad=True)
+    check_op(lambda x, y: torch.linalg.solve(x, y, left=False), a, torch.randn(3, 4))
+    check_op(torch.linalg.solve, a.mT, torch.randn(4))  # non-contiguous A, vector rhs
+    check_op(torch.linalg.inv, a.clone().requires_grad_(), grad=True)
+    check_op(torch.linalg.det, a.clone().requires_grad_(), grad=True)
+    check_op(torch.linalg.slogdet, a)
+    check_op(torch.logdet, _spd(3, 3))
+
+
+def test_lu(seed):
+    a = torch.randn(*B, 5, 4)
+    check_op(torch.linalg.lu, a)
+    check_op(torch.linalg.lu_factor, torch.randn(4, 4))
+    check_op(lambda x: torch.lu_unpack(*torch.linalg.lu_factor(x)), torch.randn(3, 4))
+    check_op(lambda x, y: torch.linalg.lu_solve(*torch.linalg.lu_factor(x), y, adjoint=True),
+             _well(*B, 3, 3), torch.randn(3, 2))
+    check_op(lambda x, y: torch.linalg.lu_solve(*torch.linalg.lu_factor(x), y, left=False),
+             _well(3, 3), torch.randn(*B, 2, 3))
+
+
+def test_triangular(seed):
+    a = torch.randn(*B, 4, 4).triu() + 4 * torch.eye(4)
+    check_op(lambda x, y: torch.linalg.solve_triangular(x, y, upper=True), a, torch.randn(4, 2))
+    check_op(lambda x, y: torch.linalg.solve_triangular(x, y, upper=False, left=False,
+                                                        unitriangular=True),
+             a.mT, torch.randn(*B, 3, 4))
+    check_op(lambda x, y: torch.triangular_solve(y, x, transpose=True), a, torch.randn(4, 2))
+
+
+def test_svd_qr_eigh(seed):
+    a = torch.randn(*B, 5, 3)
+    check_op(torch.linalg.svd, a)
+    check_op(lambda x: torch.linalg.svd(x, full_matrices=True), a.mT)
+    check_op(torch.linalg.svdvals, a.clone().requires_grad_(), grad=True)
+    check_op(torch.linalg.qr, a)
+    check_op(lambda x: torch.linalg.qr(x, mode="complete"), a)
+    check_op(lambda x: torch.linalg.qr(x, mode="r"), a.mT)
+    s = _spd(*B, 4, 4)
+    check_op(torch.linalg.eigh, s)
+    check_op(lambda x: torch.linalg.eigvalsh(x, UPLO="U"), s)
+    check_op(torch.linalg.pinv, a)
+    check_op(lambda x: torch.linalg.pinv(x, hermitian=True), s)
+
+
+def test_householder(seed):
+    a, tau = torch.geqrf(torch.randn(*B, 5, 3))
+    check_op(torch.geqrf, torch.randn(*B, 4, 3))
+    check_op(torch.linalg.householder_product, a, tau)
+    check_op(lambda x, t, c: torch.ormqr(x, t, c, transpose=True), a, tau, torch.randn(*B, 5, 2))
+    check_op(lambda x, t, c: torch.ormqr(x, t, c, left=False), a, tau,
+             torch.randn(*B, 2, 5))
+
+
+def test_ldl_lstsq_matrix_exp(seed):
+    s = _spd(*B, 4, 4)
+    check_op(torch.linalg.ldl_factor, s)
+    check_op(lambda x, y: torch.linalg.ldl_solve(*torch.linalg.ldl_factor(x), y), s,
+             torch.randn(4, 2))
+    a, b = torch.randn(*B, 5, 3), torch.randn(*B, 5, 2)
+    for driver in ("gels", "gelsy", "gelsd", "gelss"):
+        check_op(lambda x, y: torch.linalg.lstsq(x, y, driver=driver), a, b)
+    check_op(torch.linalg.matrix_exp, 0.3 * torch.randn(*B, 4, 4))
+    check_op(torch.linalg.matrix_exp, torch.randn(3, 3), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_cdist_pdist(p, seed):
+    x1, x2 = torch.randn(*B, 4, 3), torch.randn(5, 3)
+    check_op(lambda a, b: torch.cdist(a, b, p=p), x1.requires_grad_(), x2.requires_grad_(),
+             grad=True)
+    check_op(lambda a: torch.nn.functional.pdist(a, p=p), torch.randn(5, 3).requires_grad_(),
+             grad=True)
+
+
+def test_cdist_mm_path(seed):
+    check_op(lambda a, b: torch.cdist(a, b), torch.randn(30, 3), torch.randn(4, 3), atol=1e-4)
+
+
+def test_float64_and_kernel_ran(seed):
+    a = _spd(3, 3).double()
+    check_op(torch.linalg.cholesky, a)
+    neuron_eager.clear_op_tracking()
+    torch.linalg.det(a.float().to("neuron"))
+    assert neuron_eager.get_fallback_ops() == {}

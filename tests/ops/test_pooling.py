@@ -1,0 +1,75 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import check_op
+
+FLOATS = [torch.float32, torch.bfloat16]
+
+
+def _rand(*shape, dtype=torch.float32, grad=True):
+    return torch.randn(*shape).to(dtype).requires_grad_(grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32])  # no 16-bit avg_pool3d on the CPU
+@pytest.mark.parametrize("cfg", [
+    dict(kernel_size=2),
+    dict(kernel_size=(3, 2, 2), stride=(2, 1, 2), padding=1, count_include_pad=False),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    dict(kernel_size=2, stride=1, divisor_override=3),
+])
+def test_avg_pool3d(dtype, cfg, seed):
+    check_op(lambda x: F.avg_pool3d(x, **cfg), _rand(2, 3, 5, 6, 7, dtype=dtype), grad=True)
+
+
+def test_avg_pool3d_16bit_error_matches_cpu():
+    x = torch.randn(1, 1, 2, 2, 2, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="avg_pool3d_out_frame"):
+        F.avg_pool3d(x.to("neuron"), 2)
+
+
+def test_avg_pool_integers(seed):
+    x = torch.randint(-20, 20, (2, 3, 7, 6))
+    check_op(lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True), x)  # truncating division
+    check_op(lambda x: F.avg_pool3d(x, (1, 2, 2), divisor_override=3), x[:, :, None, :4])
+    check_op(lambda x: F.avg_pool1d(x, 3, 2, 1), x[0])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_adaptive_pool3d(dtype, seed):
+    x = _rand(2, 3, 5, 7, 6, dtype=dtype)
+    check_op(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)), x.detach().float().requires_grad_(),
+             grad=True)
+    check_op(lambda x: F.adaptive_avg_pool3d(x, (None, 1, 3)), x[0], grad=True,
+             rtol=3e-2, atol=3e-2)  # the CPU sums 16-bit windows in 16-bit
+    check_op(lambda x: F.adaptive_max_pool3d(x, (3, 2, 4), return_indices=True), x, grad=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_max_pool3d(dtype, seed):
+    x = torch.randn(2, 2, 6, 7, 8) * 10
+    x = x.to(dtype).requires_grad_(dtype.is_floating_point)
+    for cfg in (dict(kernel_size=2), dict(kernel_size=3, stride=(1, 2, 2), padding=1,
+                                             dilation=(2, 1, 1), ceil_mode=True)):
+        check_op(lambda x: F.max_pool3d(x, return_indices=True, **cfg), x,
+                 grad=dtype.is_floating_point)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_fractional_max_pool(dtype, seed):
+    x = _rand(2, 3, 9, 10, dtype=dtype)
+    samples = torch.rand(2, 3, 2).to(dtype)
+    check_op(lambda x, s: F.fractional_max_pool2d(x, 3, output_size=(4, 5), return_indices=True,
+                                                  _random_samples=s), x, samples, grad=True)
+    x3 = _rand(1, 2, 7, 8, 6, dtype=dtype)
+    check_op(lambda x, s: F.fractional_max_pool3d(x, (2, 3, 2), output_ratio=0.5,
+                                                  return_indices=True, _random_samples=s),
+             x3, torch.rand(1, 2, 3).to(dtype), grad=True)
+    check_op(lambda x, s: F.fractional_max_pool2d(x, 2, output_size=3, _random_samples=s),
+             x[0], samples[:1], grad=True)  # unbatched
+
+
+def test_pool3d_non_contiguous(seed):
+    x = _rand(2, 6, 5, 4, 3).permute(0, 4, 3, 2, 1)  # (2, 3, 4, 5, 6), strided
+    check_op(lambda x: F.max_pool3d(x, 2, stride=1), x, grad=True)
+    check_op(lambda x: F.avg_pool3d(x, (2, 1, 3), padding=(1, 0, 1)), x, grad=True)
+    check_op(lambda x: F.adaptive_avg_pool3d(x, (3, 2, 4)), x, grad=True)

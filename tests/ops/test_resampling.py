@@ -1,0 +1,102 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import check_op
+
+
+def _rand(*shape, dtype=torch.float32, grad=True):
+    return torch.randn(*shape).to(dtype).requires_grad_(grad)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(mode="nearest", size=7),
+    dict(mode="nearest", scale_factor=2),
+    dict(mode="nearest-exact", scale_factor=1.7),
+    dict(mode="linear", size=9, align_corners=True),
+    dict(mode="linear", scale_factor=0.6),
+])
+def test_interpolate_1d_backward(cfg, seed):
+    check_op(lambda x: F.interpolate(x, **cfg), _rand(2, 3, 5), grad=True)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(mode="nearest", size=(4, 7)),
+    dict(mode="nearest-exact", scale_factor=(1.5, 0.7)),
+    dict(mode="bilinear", size=(7, 4), align_corners=False),
+    dict(mode="bilinear", scale_factor=2.5, align_corners=True),
+    dict(mode="bicubic", size=(8, 3), align_corners=False),
+    dict(mode="bicubic", scale_factor=1.6, align_corners=True),
+    dict(mode="bilinear", size=(3, 9), antialias=True),
+    dict(mode="bilinear", scale_factor=0.4, antialias=True, align_corners=True),
+])
+def test_interpolate_2d_backward(cfg, seed):
+    check_op(lambda x: F.interpolate(x, **cfg), _rand(2, 3, 6, 5), grad=True)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(mode="nearest", size=(3, 5, 4)),
+    dict(mode="trilinear", scale_factor=(1.5, 0.6, 2), align_corners=False),
+    dict(mode="trilinear", size=(5, 2, 7), align_corners=True),
+])
+def test_interpolate_3d_backward(cfg, seed):
+    check_op(lambda x: F.interpolate(x, **cfg), _rand(1, 2, 4, 3, 5), grad=True)
+
+
+def test_antialias_forward(seed):
+    check_op(lambda x: F.interpolate(x, size=(3, 8), mode="bilinear", antialias=True),
+             _rand(2, 3, 7, 5, grad=False))
+    with pytest.raises(NotImplementedError, match="compute_index_ranges_weights"):
+        F.interpolate(torch.ones(1, 1, 4, 4, dtype=torch.bfloat16, device="neuron"), size=2,
+                      mode="bilinear", antialias=True)
+
+
+@pytest.mark.parametrize("pad", [(2, 1), (1, 2, 3, 0), (-1, 2, 1, -2), (1, 0, 2, 1, 0, 2)])
+def test_replication_pad_backward(pad, seed):
+    x = _rand(*(2, 3, 4, 5, 6)[:2 + len(pad) // 2])
+    check_op(lambda x: F.pad(x, pad, mode="replicate"), x, grad=True)
+    check_op(lambda x: F.pad(x, pad, mode="replicate"), x[0], grad=True)  # unbatched
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample_16bit_bit_exact(dtype, mode, seed):
+    # the CPU computes 16-bit grid sampling in 16-bit, rounding every step; so do we
+    x = _rand(2, 3, 5, 9, dtype=dtype, grad=False)
+    grid = (torch.rand(2, 4, 6, 2) * 2.4 - 1.2).to(dtype)
+    for padding in ("zeros", "border", "reflection"):
+        for align in (False, True):
+            check_op(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding,
+                                                align_corners=align), x, grid, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample_backward(mode, seed):
+    x = _rand(2, 3, 5, 7)
+    grid = (torch.rand(2, 4, 6, 2) * 2.4 - 1.2).requires_grad_()
+    for padding in ("zeros", "border", "reflection"):
+        for align in (False, True):
+            check_op(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding,
+                                                align_corners=align), x, grid, grad=True,
+                     rtol=1e-4, atol=1e-4)
+
+
+def test_non_contiguous_inputs(seed):
+    x = _rand(2, 5, 6, 3).transpose(1, 3)  # (2, 3, 6, 5), strided
+    check_op(lambda x: F.interpolate(x, scale_factor=1.5, mode="bicubic"), x, grad=True,
+             rtol=1e-4, atol=1e-4)
+    grid = (torch.rand(2, 6, 4, 2) * 2 - 1).transpose(1, 2).requires_grad_()
+    check_op(lambda x, g: F.grid_sample(x, g, align_corners=False), x, grid, grad=True,
+             rtol=1e-4, atol=1e-4)
+    check_op(lambda x: F.pad(x, (1, 2, 0, 3), mode="replicate"), x, grad=True)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_grid_sample_3d(mode, seed):
+    x = _rand(2, 3, 4, 5, 6)
+    grid = (torch.rand(2, 3, 2, 4, 3) * 2.4 - 1.2).requires_grad_()
+    for padding in ("zeros", "border", "reflection"):
+        for align in (False, True):
+            fn = lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding,  # noqa: E731
+                                             align_corners=align)
+            check_op(fn, x, grid, grad=True, rtol=1e-4, atol=1e-4)
+            check_op(fn, x.detach().bfloat16(), grid.detach().bfloat16(), rtol=0, atol=0)
