@@ -24,7 +24,11 @@ N = 1024
 
 
 def median_ms(fn, repeat: int) -> float:
-    fn()  # warm-up: compiles, allocator blocks
+    """Median of `repeat` runs after three warm-up runs (compiles, allocator blocks, and time
+    for the other side's worker threads to stop spinning: the sides run apart, since
+    interleaving them makes OpenMP's and BLAS's spinning threads slow each other)."""
+    for _ in range(3):
+        fn()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -45,7 +49,7 @@ def cases():
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--repeat", type=int, default=21)
     args = parser.parse_args(argv)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads)")

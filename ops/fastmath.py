@@ -16,7 +16,7 @@ from numba import njit
 
 from neuron_eager.ops.numerics import f32_as_u32, u32_as_f32
 
-JIT = dict(error_model="numpy", nogil=True)
+JIT = dict(error_model="numpy", nogil=True, fastmath={"contract"})  # FMA in polynomials
 f32 = np.float32
 _INF = f32(np.inf)
 _NAN = f32(np.nan)
