@@ -49,6 +49,10 @@ class Config:
     launch_blocking: bool = field(default_factory=lambda: _flag("NEURON_LAUNCH_BLOCKING", False))
     # Adaptive eager (fused regions) on at import.
     adaptive: bool = field(default_factory=lambda: _flag("NEURON_EAGER_ADAPTIVE", False))
+    # The cost model's fixed cost of one kernel launch in simulated nanoseconds (no public
+    # figure; read when the core is made: later, use core.set_cost_model).
+    launch_overhead_ns: float = field(
+        default_factory=lambda: float(os.environ.get("NEURON_EAGER_LAUNCH_OVERHEAD_NS", 10_000)))
     # The Neuron compiler's --auto-cast: which fp32 ops compute on rounded inputs
     # ("none", "matmult": matmuls and convolutions, "all": elementwise ops too) ...
     auto_cast: str = field(default_factory=lambda: os.environ.get("NEURON_EAGER_AUTO_CAST",

@@ -1,33 +1,87 @@
-"""The simulated NeuronCore: its spec, its HBM and its launch counters.
+"""The simulated NeuronCore: its spec, its HBM, its clock and its launch counters.
 
 One process simulates one NeuronCore (as torchrun runs one process per core).
-Kernels report each launch here; the counters are what tests and benchmarks
-read to prove that the device, not the host, did the work.
+Kernels report each launch here: the cost model (cost.py) prices it, the clock
+(clock.py) places it on the current stream, and the counters are what tests and
+benchmarks read to prove that the device, not the host, did the work.
 """
 from __future__ import annotations
 
+from .clock import ENGINES, Clock
 from .config import config
+from .cost import CostModel
 from .hbm import CachingAllocator
 from .spec import CHIPS, ChipSpec
 
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+_CACHE_LIMIT = 4096  # distinct (engine, elements, bytes) kinds kept priced
 
 
 class NeuronCore:
     def __init__(self, spec: ChipSpec, hbm_bytes: int | None = None):
         self.spec = spec
         self.hbm = CachingAllocator(hbm_bytes if hbm_bytes is not None else spec.hbm_per_core)
-        self.kernels_launched = 0
-        self.hbm_bytes_moved = 0
+        self.cost_model = CostModel(spec)
+        self.clock = Clock()
+        self._priced: dict = {}
         self.launches_by_engine: dict[str, int] = dict.fromkeys(ENGINES, 0)
         self.elements_by_engine: dict[str, int] = dict.fromkeys(ENGINES, 0)
+        self.reset_counters()
 
-    def launch(self, engine: str, elements: int, nbytes: int) -> None:
-        """Account one kernel launch: its engine, the elements it computed, HBM bytes moved."""
+    def launch(self, engine: str, elements: int, nbytes: int, *, bytes_read: int | None = None,
+               bytes_written: int | None = None, matmul: tuple | None = None,
+               tiles: int | None = None, dtype: str | None = None):
+        """Account one kernel launch: its engine, the elements it computed (MACs on the
+        Tensor engine), the HBM bytes it moved; optionally the bytes read and written, the
+        matmul shape (batch, m, k, n) or instruction count, and the input dtype ("fp32",
+        "bf16", ...). Returns its `Cost`.
+
+        >>> from neuron_eager.device_sim import core
+        >>> core.launch("vector", 64, 768).duration_ns > 0
+        True
+        """
         self.kernels_launched += 1
         self.hbm_bytes_moved += nbytes
         self.launches_by_engine[engine] += 1
         self.elements_by_engine[engine] += elements
+        if engine == "tensor" or bytes_read is not None or bytes_written is not None:
+            cost = self.cost_model.cost(engine, elements, nbytes, bytes_read=bytes_read,
+                                        bytes_written=bytes_written, matmul=matmul,
+                                        tiles=tiles, dtype=dtype)
+            start, end = self.clock.schedule(engine, cost.duration_ps)
+        else:  # the hot path: elementwise kinds repeat, so their price is cached
+            key = (engine, elements, nbytes)
+            priced = self._priced.get(key)
+            if priced is None:
+                if len(self._priced) >= _CACHE_LIMIT:
+                    self._priced.clear()
+                c = self.cost_model.cost(engine, elements, nbytes)
+                priced = self._priced[key] = (c, c.duration_ps)
+            cost, duration = priced
+            clock = self.clock  # Clock.schedule, inlined: this runs once per kernel
+            stream, free = clock.current, clock.engine_free
+            start = stream.ready_ps
+            if free[engine] > start:
+                start = free[engine]
+            if clock.host_ps > start:
+                start = clock.host_ps
+            end = start + duration
+            stream.ready_ps = free[engine] = end
+            clock.busy_ps[engine] += duration
+            if end > clock.last_end_ps:
+                clock.last_end_ps = end
+            if config.launch_blocking:
+                clock.host_ps = end
+            if clock.records is not None:
+                clock.record(engine, start, end, cost, elements, nbytes, self.hbm)
+            return cost
+        if self.clock.records is not None:
+            self.clock.record(engine, start, end, cost, elements, nbytes, self.hbm)
+        return cost
+
+    def set_cost_model(self, model: CostModel) -> None:
+        """Price later launches with `model` (e.g. another launch overhead)."""
+        self.cost_model = model
+        self._priced.clear()
 
     def reset_counters(self) -> None:
         self.kernels_launched = 0

@@ -18,6 +18,7 @@ from neuron_eager.ops.tensor import NeuronOutOfMemoryError, NeuronTensor
 import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
 import neuron_eager.autocast  # noqa: E402,F401  (autocast kernels on AutocastPrivateUse1)
 from neuron_eager import device as _device  # noqa: E402
+from neuron_eager import profiler  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -25,6 +26,7 @@ _compat.register_device_module(_device)
 _compat.ensure_foreach_support(NeuronTensor)
 _compat.install_accelerator_memory(_device.memory_stats, _device.synchronize)
 _compat.install_pinned_memory_shim()
+profiler.install()  # torch.profiler shows neuron kernels with their simulated device time
 sys.modules.setdefault("torch.neuron", _device)
 # Trainium's fast type is bf16 (the Neuron compiler's --auto-cast-type default), so a bare
 # torch.autocast("neuron") casts to bf16 rather than PyTorch's fp16 default.
@@ -47,4 +49,4 @@ def clear_op_tracking() -> None:
 
 
 __all__ = ["config", "NeuronTensor", "NeuronOutOfMemoryError", "get_executed_ops",
-           "get_fallback_ops", "clear_op_tracking"]
+           "get_fallback_ops", "clear_op_tracking", "profiler"]

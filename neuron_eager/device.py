@@ -1,5 +1,6 @@
 """`torch.neuron`: the device module, with TorchNeuron's names for devices,
-RNG and memory. One process simulates one NeuronCore, so there is one device.
+RNG, memory, streams and events (streams.py). One process simulates one
+NeuronCore, so there is one device.
 
 >>> import torch, neuron_eager
 >>> torch.neuron.is_available(), torch.neuron.device_count()
@@ -17,6 +18,9 @@ from neuron_eager.device_sim import core
 from neuron_eager.device_sim.hbm import format_bytes
 from neuron_eager.ops import random as _random
 from neuron_eager.ops import tensor as _tensor
+from neuron_eager import streams as _streams
+from neuron_eager.streams import (Event, Stream, current_stream, default_stream,  # noqa: F401
+                                  set_stream, stream)
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,10 @@ def get_device_properties(device=None) -> NeuronDeviceProperties:
 
 
 def synchronize(device=None) -> None:
-    """Wait for queued work. Plain eager runs each kernel at once, so there is none."""
+    """Wait for all queued work. Kernels have already run on the host; the simulated
+    clock's host time moves to the end of the last queued kernel."""
     _index(device)
+    _streams.synchronize()
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

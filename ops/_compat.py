@@ -138,3 +138,65 @@ def torch_lapack_library():
         return lib
     except (OSError, AttributeError):
         return None
+
+
+def install_profiler_hooks(on_start, on_stop, on_results, on_export) -> None:
+    """Let the simulated device take part in torch.profiler (both torch.profiler.profile and
+    torch.autograd.profiler.profile run through the latter's methods).
+
+    A Python backend cannot feed device activity to Kineto, so four methods of
+    `torch.autograd.profiler.profile` are wrapped: `_start_trace` -> on_start(prof),
+    `__exit__` -> on_stop(prof) after it, `_parse_kineto_results` -> events =
+    on_results(prof, kineto_result, events), and `export_chrome_trace` -> on_export(prof,
+    path) after the file is written. Idempotent.
+    """
+    from torch.autograd.profiler import profile
+
+    if getattr(profile._start_trace, "_neuron", False):
+        return
+    start, stop = profile._start_trace, profile.__exit__
+    parse, export = profile._parse_kineto_results, profile.export_chrome_trace
+
+    def _start_trace(self):
+        start(self)
+        on_start(self)
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        try:
+            return stop(self, exc_type, exc_val, exc_tb)
+        finally:
+            if self.enabled:
+                on_stop(self)
+
+    def _parse_kineto_results(self, result, timeout_s=None):
+        return on_results(self, result, parse(self, result, timeout_s=timeout_s))
+
+    def export_chrome_trace(self, path, metadata=None, use_python_export=False):
+        out = export(self, path, metadata, use_python_export)
+        on_export(self, path)
+        return out
+
+    for name, fn in (("_start_trace", _start_trace), ("__exit__", __exit__),
+                     ("_parse_kineto_results", _parse_kineto_results),
+                     ("export_chrome_trace", export_chrome_trace)):
+        fn._neuron = True
+        fn.__doc__ = getattr(profile, name).__doc__
+        setattr(profile, name, fn)
+
+
+def device_function_event(name: str, start_us: float, end_us: float, track: int, flops=None):
+    """A profiler FunctionEvent for one kernel on the neuron device (DeviceType.PrivateUse1),
+    as Kineto would build for a CUDA kernel."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    return FunctionEvent(id=0, name=name, thread=track, start_us=start_us, end_us=end_us,
+                         overload_name="", trace_name=name, input_shapes=[], stack=[],
+                         use_device=BACKEND, device_type=DeviceType.PrivateUse1, device_index=0,
+                         device_resource_id=track, flops=flops, concrete_inputs=[], kwinputs={})
+
+
+def is_host_event(event) -> bool:
+    from torch.autograd import DeviceType
+
+    return event.device_type == DeviceType.CPU and not event.is_async

@@ -13,7 +13,7 @@ from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.matmul import (compute_dtype, gemm_values, narrow_into, raise_like_cpu,
+from neuron_eager.ops.matmul import (compute_dtype, gemm_values, narrow_into, raise_like_cpu, rate,
                                      result_buffer, widen)
 from neuron_eager.ops.registry import register
 
@@ -121,6 +121,14 @@ class Conv:
                          self.kw, self.Do, self.Ho, self.Wo, *self.stride, *self.padding,
                          *self.dilation], np.int64)
 
+    def product(self, which: str) -> tuple:
+        """(batch, m, k, n) of the implicit GEMM behind forward, image_grad or weight_grad
+        (the same multiply-adds each), for the cost model."""
+        Og, CKg, L = self.Og, self.CKg, self.L
+        return {"forward": (self.N * self.G, Og, CKg, L),
+                "image": (self.N * self.G, CKg, Og, L),
+                "weight": (self.G, Og, self.N * L, CKg)}[which]
+
     def columns(self, image: NeuronTensor) -> np.ndarray:
         """im2col of the image side, as compute values (N, CK, L). Matmul operands here and
         below are staged with `widen(.., True)`: config.auto_cast "matmult" rounds them."""
@@ -205,8 +213,11 @@ def _fallback(op, args):
     return cpu_fallback(op, args, {})
 
 
-def _launch(macs: int, *tensors) -> None:
-    core.launch("tensor", macs, sum(t._nd.nbytes for t in tensors if t is not None))
+def _launch(products: list, dtype: torch.dtype, *tensors) -> None:
+    """One Tensor-engine launch for the implicit GEMMs `products` ((batch, m, k, n) each)."""
+    core.launch("tensor", sum(b * m * k * n for b, m, k, n in products),
+                sum(t._nd.nbytes for t in tensors if t is not None), matmul=products,
+                dtype=rate(dtype))
 
 
 @register(aten.convolution.default)
@@ -227,7 +238,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     else:
         conv = Conv(x.shape, out.shape, weight.shape, stride, padding, dilation, groups)
         narrow_into(out, conv.forward(result_buffer(out), x, weight.contiguous(), bias))
-    _launch(conv.N * conv.O * conv.L * conv.CKg, x, weight, bias, out)
+    _launch([conv.product("forward")], x.dtype, x, weight, bias, out)
     return out
 
 
@@ -263,6 +274,7 @@ def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
         grad_bias = T.empty((grad.shape[1],), grad.dtype)
         if grad_bias.numel():
             narrow_into(grad_bias, bias_grad(result_buffer(grad_bias), grad))
-    _launch(conv.N * conv.O * conv.L * conv.CKg * sum(map(bool, output_mask[:2])), grad, x,
-            weight, grad_input, grad_weight)
+    products = [conv.product(which) for which, wanted in
+                (("image", output_mask[0]), ("weight", output_mask[1])) if wanted]
+    _launch(products, x.dtype, grad, x, weight, grad_input, grad_weight)
     return grad_input, grad_weight, grad_bias

@@ -321,8 +321,18 @@ def gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor, b
     narrow_into(out, res)
     moved = out._nd.nbytes + sum(x._nd.nbytes for x in (a, b, c)[:2 + use_c])
     B1, B2, BR, M, N, K = dims
-    core.launch("tensor", B1 * B2 * BR * M * N * K, moved)
+    core.launch("tensor", B1 * B2 * BR * M * N * K, moved, matmul=(B1 * B2 * BR, M, K, N),
+                dtype=rate(a.dtype))
     return out
+
+
+_RATES = {torch.float32: "fp32", torch.float64: "fp32", torch.bfloat16: "bf16",
+          torch.float16: "fp16"}
+
+
+def rate(dtype: torch.dtype) -> str:
+    """The Tensor engine's input type for the cost model ("fp32" runs at a quarter rate)."""
+    return _RATES.get(dtype, "int")
 
 
 # -- checks ----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Order (see ARCHITECTURE.md, "The way of one op"): a registered kernel; the
 in-place or out= form of a registered functional kernel; a PyTorch
 decomposition; a CompositeImplicitAutograd decomposition; CPU fallback with a
 one-time warning, counted, and an error when fallback is switched off. The
-plan for each op is decided once and cached.
+plan for each op is decided once and cached. While the profiler records, the router
+also tells the simulated core which op and user source line each kernel comes from.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import torch
 from torch._decomp import decomposition_table
 from torch.utils._pytree import tree_map
 
-from neuron_eager.device_sim import config
+from neuron_eager.device_sim import config, core
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import KERNELS
-from neuron_eager.ops.sourceline import warn_at_user_line
+from neuron_eager.ops.sourceline import user_frame, warn_at_user_line
 
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
@@ -79,6 +80,8 @@ def dispatch(func, args, kwargs):
 def _entry(func) -> list:
     kernel = KERNELS.get(func)
     check = func not in DEVICE_CHECK_EXEMPT and not getattr(kernel, "checks_devices", False)
+    if kernel is not None and func in _HOST_READS:
+        kernel = _with_host_read(kernel)
     entry = [kernel, check, 0]
     if kernel is not None:
         _entries[id(func)] = entry
@@ -92,6 +95,56 @@ _entry_ops: dict[int, object] = {}
 def executed_counts() -> dict[str, int]:
     """Native kernel runs per op name since the last clear."""
     return {_entry_ops[key].name(): entry[2] for key, entry in _entries.items() if entry[2]}
+
+
+# -- what the simulated core is told ----------------------------------------------------
+# Reading a value on the host waits for the current stream, on the simulated clock too.
+_HOST_READS = {aten._local_scalar_dense.default, aten._to_copy.default}
+
+
+def _with_host_read(kernel):
+    clock = core.clock
+
+    def run(*args, **kwargs):
+        out = kernel(*args, **kwargs)
+        if type(out) is not NeuronTensor:
+            clock.wait_until(clock.current.ready_ps)
+        return out
+
+    run.checks_devices = getattr(kernel, "checks_devices", False)
+    return run
+
+
+_unprofiled = None  # the dispatcher that was installed before profiling began
+
+
+def _dispatch_profiled(func, args, kwargs):
+    """The dispatcher while the profiler records: tags launches with (op, source line);
+    nested ops keep the outermost op's source line (the user's line is the same)."""
+    clock = core.clock
+    saved = clock.context
+    source = saved[1] if saved is not None else "%s:%d" % user_frame()
+    clock.context = (func, source)
+    try:
+        return _unprofiled(func, args, kwargs)
+    finally:
+        clock.context = saved
+
+
+def start_profiling() -> None:
+    """Record every launch (called when torch.profiler starts)."""
+    global _unprofiled
+    if T._dispatcher is not _dispatch_profiled:
+        _unprofiled = T._dispatcher
+        T.set_dispatcher(_dispatch_profiled)
+    core.clock.start_recording()
+
+
+def stop_profiling() -> list:
+    """Stop recording; returns the launch records (device_sim.clock.Record)."""
+    if T._dispatcher is _dispatch_profiled:
+        T.set_dispatcher(_unprofiled)
+    return core.clock.stop_recording()
 
 
 # -- plans ---------------------------------------------------------------------------

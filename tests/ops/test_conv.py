@@ -149,3 +149,16 @@ def test_pooling_errors_match_cpu():
         with pytest.raises(RuntimeError) as dev:
             fn(x.to("neuron"))
         assert str(dev.value) == str(cpu.value)
+
+
+def test_conv_reports_its_implicit_gemm_to_the_cost_model():
+    from neuron_eager.device_sim import core
+
+    x, w = torch.randn(2, 6, 10, 10).to("neuron"), torch.randn(8, 3, 3, 3).to("neuron")
+    core.clock.start_recording()
+    F.conv2d(x, w, groups=2)
+    (record,) = [r for r in core.clock.stop_recording() if r.engine == "tensor"]
+    # per sample and group: (8/2 out channels) x (3*3*3) @ (3*3*3) x (8*8 positions)
+    assert record.cost.tiles == core.cost_model.matmul_tiles(2 * 2, 4, 27, 64)[0]
+    assert record.cost == core.cost_model.cost("tensor", 2 * 8 * 64 * 27, record.nbytes,
+                                               matmul=[(4, 4, 27, 64)], dtype="fp32")

@@ -155,3 +155,12 @@ def test_errors_match_cpu():
         with pytest.raises(RuntimeError) as dev:
             fn(a.to("neuron"), b.to("neuron"))
         assert str(dev.value) == str(cpu.value)
+
+
+def test_matmul_reports_its_shape_to_the_cost_model():
+    a, b = torch.randn(5, 300, 70).to("neuron"), torch.randn(5, 70, 600).to("neuron")
+    core.clock.start_recording()
+    torch.bmm(a.bfloat16(), b.bfloat16())
+    (record,) = [r for r in core.clock.stop_recording() if r.engine == "tensor"]
+    assert record.cost == core.cost_model.cost("tensor", 5 * 300 * 70 * 600, record.nbytes,
+                                               matmul=(5, 300, 70, 600), dtype="bf16")
