@@ -134,3 +134,30 @@ def test_item_waits_for_the_current_stream():
     x = torch.ones(1 << 16, device="neuron")
     (x * 2).sum().item()
     assert core.clock.host_ps >= core.clock.current.ready_ps
+
+
+_STEP_SCRIPT = """
+import torch, neuron_eager
+torch.manual_seed(0)
+model = torch.nn.Linear(32, 8).to("neuron")
+data = torch.randn(16, 32, device="neuron")
+start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+start.record()
+for _ in range(2):
+    model(data).relu().sum().backward()
+end.record()
+print(repr(start.elapsed_time(end)))
+"""
+
+
+def test_elapsed_time_is_the_same_in_another_process():
+    import subprocess
+    import sys
+
+    def run(hash_seed):
+        env = dict(__import__("os").environ, PYTHONHASHSEED=hash_seed)
+        return subprocess.run([sys.executable, "-c", _STEP_SCRIPT], env=env, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    first, second = run("1"), run("2")  # different hash seeds: no dict-order dependence
+    assert float(first) > 0 and first == second
