@@ -1,4 +1,87 @@
-"""Adaptive eager: recording short op sequences and running them as fused kernels.
+"""Adaptive eager: record short elementwise op sequences and run them as fused, cached kernels.
 
-Not built yet (see the adaptive-eager issue); plain eager is the only mode.
+Results are bit-identical to plain eager; print, `.item()`, `.cpu()`, `bool()` and any
+non-fusible op are sync points. Off by default: `enable()`, `with adaptive_eager():`, or
+NEURON_EAGER_ADAPTIVE=1. Off, the router's dispatcher is installed unwrapped.
+
+>>> import torch, neuron_eager
+>>> x = torch.ones(4, device="neuron")
+>>> with neuron_eager.adaptive_eager():
+...     y = (x * 2 + 1).relu()
+...     print(y.cpu())
+tensor([3., 3., 3., 3.])
 """
+from __future__ import annotations
+
+import contextlib
+
+from neuron_eager.device_sim import config
+
+from . import codegen, fusion, recording
+from .recording import flush, options
+
+__all__ = ["enable", "disable", "is_enabled", "adaptive_eager", "flush", "stats", "explain",
+           "reset_stats", "options"]
+
+
+def enable() -> None:
+    """Record fusible ops from now on (all threads)."""
+    recording.install()
+
+
+def disable() -> None:
+    """Run what is pending and go back to plain eager."""
+    recording.uninstall()
+
+
+def is_enabled() -> bool:
+    return recording.active
+
+
+@contextlib.contextmanager
+def adaptive_eager(enabled: bool = True):
+    """Adaptive eager inside the block; the previous mode after it (pending ops run first)."""
+    before = is_enabled()
+    if enabled:
+        enable()
+    else:
+        disable()
+    try:
+        yield
+    finally:
+        if before:
+            enable()
+        else:
+            disable()
+
+
+def stats() -> dict:
+    """Counters since the last reset: ops recorded, regions flushed, kernels launched by
+    them (fused and op by op), fused kernels, cache hits/misses, compile seconds and
+    failures, HBM bytes moved and not moved (intermediates kept in registers), flushes by
+    reason, and the fused-kernel cache size."""
+    return dict(fusion.stats, flush_reasons=dict(fusion.flush_reasons),
+                cached_kernels=codegen.cache_size())
+
+
+def reset_stats() -> None:
+    fusion.stats.update(fusion.STATS_ZERO)
+    fusion.flush_reasons.clear()
+    fusion.history.clear()
+
+
+def explain(last: int = 5) -> str:
+    """The last regions run: why each was flushed, and per group its ops, the user lines
+    they were recorded at, how it ran (op by op, fused from the cache, compiled) and its
+    elements."""
+    lines = []
+    for reason, count, groups in list(fusion.history)[-last:]:
+        lines.append(f"region of {count} ops, flushed by {reason}:")
+        for ops, where, mode, elements in groups:
+            at = ", ".join(f"{f}:{n}" for f, n in where)
+            lines.append(f"  {' -> '.join(ops)}  [{mode}, {elements} elements]  at {at}")
+    return "\n".join(lines) if lines else "no regions run yet"
+
+
+if config.adaptive:
+    enable()

@@ -85,7 +85,10 @@ class CachingAllocator:
 
     def __init__(self, capacity: int):
         self.capacity = int(capacity)
-        self._lock = threading.Lock()
+        # Reentrant: the garbage collector may run inside malloc (while a block's buffer is
+        # made) and free a storage there, on the same thread; free's updates are complete
+        # increments, so malloc continues consistently.
+        self._lock = threading.RLock()
         self._cache: dict[int, list[Block]] = defaultdict(list)
         self._next_address = 0x1000
         self._live = [0] * (2 * _FIELDS)  # see _LIVE

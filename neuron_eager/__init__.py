@@ -19,6 +19,7 @@ import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
 import neuron_eager.autocast  # noqa: E402,F401  (autocast kernels on AutocastPrivateUse1)
 from neuron_eager import device as _device  # noqa: E402
 from neuron_eager import profiler  # noqa: E402
+from neuron_eager.adaptive import adaptive_eager  # noqa: E402,F401  (NEURON_EAGER_ADAPTIVE)
 
 __version__ = "0.1.0"
 

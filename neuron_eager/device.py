@@ -18,6 +18,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.device_sim.hbm import format_bytes
 from neuron_eager.ops import random as _random
 from neuron_eager.ops import tensor as _tensor
+from neuron_eager import adaptive as _adaptive
 from neuron_eager import streams as _streams
 from neuron_eager.streams import (Event, Stream, current_stream, default_stream,  # noqa: F401
                                   set_stream, stream)
@@ -104,6 +105,7 @@ def synchronize(device=None) -> None:
     """Wait for all queued work. Kernels have already run on the host; the simulated
     clock's host time moves to the end of the last queued kernel."""
     _index(device)
+    _adaptive.flush("synchronize")  # recorded work runs first, so the clock includes it
     _streams.synchronize()
 
 

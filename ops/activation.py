@@ -452,3 +452,31 @@ def glu_backward(grad_output, x, dim):
     E.run(_GLU_BACKWARD_A, [grad_output, b], out=out.narrow(dim, 0, h))
     E.run(_GLU_BACKWARD_B, [grad_output, a, b], out=out.narrow(dim, h, h))
     return out
+
+
+# -- fusible forms (Note [Fusible ops]): each repeats its kernel's checks and E.run arguments --
+@E.fusible(aten.relu.default)
+def _relu_plan(x):
+    _refuse_bool(x, "relu")
+    return THRESHOLD, [x], [0, 0]
+
+
+@E.fusible(aten.hardtanh.default)
+def _hardtanh_plan(x, min_val=-1, max_val=1):
+    _refuse_bool(x, "hardtanh")
+    return HARDTANH, [x], [min_val, max_val]
+
+
+E.fusible(aten.threshold.default)(lambda x, threshold, value: (THRESHOLD, [x], [threshold, value]))
+E.fusible(aten.silu.default)(lambda x: (SILU, [x], ()))
+E.fusible(aten.leaky_relu.default)(
+    lambda x, negative_slope=0.01: (LEAKY_RELU, [x], [negative_slope]))
+E.fusible(aten.elu.default)(
+    lambda x, alpha=1, scale=1, input_scale=1: (ELU, [x], [alpha, scale, input_scale]))
+E.fusible(aten.gelu.default)(
+    lambda x, *, approximate="none": (_gelu_op(approximate, GELU, GELU_TANH), [x], ()))
+E.fusible(aten.gelu_backward.default)(
+    lambda grad_output, x, *, approximate="none": (
+        _gelu_op(approximate, _GELU_BACKWARD, _GELU_TANH_BACKWARD), [grad_output, x], ()))
+E.fusible(aten.log_sigmoid_backward.default)(
+    lambda grad_output, x, buffer: (_LOG_SIGMOID_BACKWARD, [grad_output, x], ()))

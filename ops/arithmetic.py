@@ -50,6 +50,13 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
 
         forward.checks_devices = True
 
+        @E.fusible(*functional)  # the same choice as `forward` (Note [Fusible ops])
+        def plan(*args, **kwargs):
+            if plain_op is not None and len(args) == operands and not kwargs:
+                return plain_op, args, ()
+            ops, values = parse(args, kwargs)
+            return op, ops, values
+
     if inplace:
         @register(*inplace)
         def forward_(*args, **kwargs):

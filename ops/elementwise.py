@@ -105,6 +105,23 @@ def broadcast_strides(t: torch.Tensor, shape) -> list[int]:
 
 _PROMOTE = Elementwise("promote", None)
 
+# Note [Fusible ops]
+# FUSIBLE maps an aten overload whose kernel is exactly `run(op, operands, params)` to its
+# plan: called with the op's (args, kwargs), it makes the kernel's own argument checks and
+# returns that (op, operands, params). Adaptive eager records such calls instead of running
+# them; the plan is what lets it fuse them without changing a bit of the result.
+FUSIBLE: dict = {}
+
+
+def fusible(*overloads):
+    """Declare `plan(*args, **kwargs) -> (Elementwise, operands, params)` for `overloads`."""
+    def register_plan(plan):
+        for overload in overloads:
+            FUSIBLE[overload] = plan
+        return plan
+
+    return register_plan
+
 
 def result_type(*operands) -> torch.dtype:
     """torch.result_type for neuron operands, without dispatching."""

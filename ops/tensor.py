@@ -143,11 +143,16 @@ class NeuronTensor(torch.Tensor):
         pass
 
     def __getattr__(self, name):
-        # Only reached when normal lookup fails: `_nd` of a tensor made by new_contiguous.
+        # Only reached when normal lookup fails: `_nd` of a tensor made by new_contiguous,
+        # or any data attribute of a tensor whose data adaptive eager has not computed yet.
         if name == "_nd":
-            nd = self._flat.reshape(self.shape)
-            self.__dict__["_nd"] = nd
-            return nd
+            view = self.__dict__.get("_flat")
+            if view is not None:
+                nd = self.__dict__["_nd"] = view.reshape(self.shape)
+                return nd
+        if name in _DATA_ATTRS and _pending_hook is not None and "_storage" not in self.__dict__:
+            _pending_hook(self)  # computes the data or raises
+            return getattr(self, name)
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     @classmethod
@@ -211,6 +216,17 @@ def set_dispatcher(fn) -> None:
     """The router installs itself here; adaptive eager may wrap it."""
     global _dispatcher
     _dispatcher = fn
+
+
+_DATA_ATTRS = frozenset(("_storage", "_nd", "_flat", "_key"))
+_pending_hook = None
+
+
+def set_pending_hook(fn) -> None:
+    """Adaptive eager installs `fn(tensor)` here: called when code reads the data of a tensor
+    that has none yet (a recorded result); it must give the tensor its storage or raise."""
+    global _pending_hook
+    _pending_hook = fn
 
 
 def nd_view(storage: NeuronStorage, shape, stride, offset: int, dtype: torch.dtype) -> np.ndarray:

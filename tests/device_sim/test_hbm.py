@@ -90,3 +90,22 @@ def test_set_capacity_refuses_to_shrink_below_use():
         hbm.set_capacity(100_000)
     hbm.set_capacity(2 << 20)
     assert hbm.capacity == 2 << 20
+
+
+def test_a_free_inside_malloc_does_not_deadlock():
+    # The garbage collector can free a storage while malloc holds the lock (same thread).
+    import threading
+
+    alloc = CachingAllocator(1 << 20)
+    held = alloc.malloc(1024)
+    done = []
+
+    def nested():
+        with alloc._lock:  # as malloc holds it
+            alloc.free(held)  # as a __del__ run by the collector would
+            done.append(alloc.malloc(2048))
+
+    t = threading.Thread(target=nested)
+    t.start()
+    t.join(5)
+    assert done and not t.is_alive()

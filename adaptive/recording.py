@@ -1,0 +1,264 @@
+"""Recording: the dispatcher that adaptive eager puts in front of the router.
+
+While on, a fusible op (Note [Fusible ops] in ops/elementwise.py) is checked and typed at
+once, so errors are raised at the user's line, and returns a *pending* tensor: a
+NeuronTensor with shape, dtype and strides but no storage yet, whose `_node` names its
+recorded op. Any other op flushes the pending region first if it reads a pending tensor or
+may write memory; reading a pending tensor's data anywhere (print, `.item()`, `.cpu()`,
+kernels) flushes through the tensor's pending hook. One region is shared by all threads
+(autograd's backward runs on its own), guarded by one lock.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from neuron_eager.device_sim import config
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import numerics, sourceline
+from neuron_eager.ops import tensor as T
+
+NeuronTensor = T.NeuronTensor
+aten = torch.ops.aten
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+@dataclass
+class Options:
+    """The adaptive policy's knobs (change at run time: `adaptive.options.max_ops = 64`)."""
+
+    compile_after: int = 2  # sightings of a region before it runs as fused kernels
+    max_ops: int = 32  # a region this long is flushed (the buffer limit)
+
+
+options = Options()
+
+
+class Node:
+    """One recorded op: what to run (op, operand refs, parameters) and where it came from.
+
+    refs: ("n", j) the result of node j of the region, ("i", m) region input m (a tensor
+    with data), ("s", k) scalar k (a Python scalar or CPU 0-dim tensor; `scalars[k]` is it
+    cast to the compute type, `raw[k]` as given). `key` is the node's part of the region's
+    signature: no scalar values, so a new learning rate is not a new kernel.
+    """
+
+    __slots__ = ("index", "op", "refs", "params", "scalars", "raw", "dtype", "compute",
+                 "shape", "outs", "where", "key", "region", "error")
+
+    def alive(self) -> bool:
+        return any(ref() is not None for ref in self.outs)
+
+
+class Region:
+    """The ops recorded since the last flush, in order, and the tensors they read.
+
+    Nodes name their region by its serial number, not by reference: no reference cycle
+    keeps tensors alive until the garbage collector runs (Note [No cycles]).
+    """
+
+    __slots__ = ("nodes", "inputs", "input_index", "descs", "serial")
+    _count = 0
+
+    def __init__(self):
+        Region._count += 1
+        self.serial = Region._count
+        self.nodes: list[Node] = []
+        self.inputs: list[NeuronTensor] = []
+        self.input_index: dict[int, int] = {}
+        self.descs: list[tuple] = []  # (dtype, shape, stride) per input
+
+    def input(self, t: NeuronTensor) -> int:
+        m = self.input_index.get(id(t))
+        if m is None:  # the region holds the tensor, so its id stays unique
+            m = self.input_index[id(t)] = len(self.inputs)
+            self.inputs.append(t)
+            self.descs.append((t.dtype, t.shape, t.stride()))
+        return m
+
+
+# Note [No cycles]
+# Storage returns to the allocator when its last tensor dies (NeuronStorage.__del__). A
+# reference cycle through recorded state would hold inputs and results until the cyclic
+# garbage collector runs, at an arbitrary allocation: HBM stays in use longer, and the
+# allocator is entered from inside itself. So nodes hold their region's serial number,
+# pending tensors hold their node, nodes hold weak references to their results, and a failed
+# region keeps its error as text.
+_lock = threading.RLock()
+_region = Region()
+active = False  # recording on (the dispatcher may stay wrapped, e.g. by the profiler)
+_inner = None  # the dispatcher that was installed before adaptive eager
+_installed = False
+_internal: tuple[str, ...] = ()
+run_region = None  # set by fusion.py: run_region(region, reason)
+
+
+def _where() -> tuple[str, int]:
+    """The user's (file, line): the innermost frame outside torch and neuron-eager."""
+    global _internal
+    if not _internal:
+        _internal = sourceline._internal_dirs()
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_internal) and not filename.startswith("<frozen"):
+            return filename, frame.f_lineno
+        frame = frame.f_back
+    return "<autograd backward>", 0
+
+
+def pending_node(t) -> Node | None:
+    return t.__dict__.get("_node") if type(t) is NeuronTensor else None
+
+
+def _record(plan, args, kwargs):
+    """Record one fusible op; None when it should run eagerly instead."""
+    if config.stochastic_rounding:
+        return None
+    op, operands, params = plan(*args, **kwargs)  # the kernel's own checks, raised here
+    region = _region
+    refs, scalars, raw, shapes = [], [], [], []
+    for a in operands:
+        kind = type(a)
+        if kind is NeuronTensor:
+            node = a.__dict__.get("_node")
+            if node is None:
+                refs.append(("i", region.input(a)))
+            elif node.region == region.serial:
+                refs.append(("n", node.index))
+            else:
+                a._storage  # noqa: B018  (a result of a failed region: its hook says so)
+            shapes.append(a.shape)
+        elif isinstance(a, torch.Tensor):
+            T.check_foreign(a)  # a CPU 0-dim tensor: its value is read on the host now
+            refs.append(("s", len(raw)))
+            raw.append(a.clone())
+        else:
+            refs.append(("s", len(raw)))
+            raw.append(a)
+    if not shapes:
+        return None
+    dtype, compute = E.dtypes_for(op, operands)
+    shape = E.broadcast_shape(shapes)
+    if 0 in shape:
+        return None
+    cast = numerics.SCALAR_CAST[compute]
+    scalars = [cast(v.item() if isinstance(v, torch.Tensor) else v) for v in raw]
+    node = Node()
+    node.index, node.region, node.error = len(region.nodes), region.serial, None
+    node.op, node.refs, node.params, node.raw = op, refs, list(params), raw
+    node.scalars = scalars + [cast(p) for p in params]
+    node.dtype, node.compute, node.shape = dtype, compute, shape
+    node.key = (op, tuple(r if r[0] != "s" else ("s",) for r in refs), len(params), dtype,
+                shape)
+    node.where = _where()
+    out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE)
+    out._node = node
+    node.outs = [weakref.ref(out)]
+    region.nodes.append(node)
+    if len(region.nodes) >= options.max_ops:
+        flush("buffer limit")
+    return out
+
+
+def _detach(t: NeuronTensor):
+    """detach() of a pending tensor: another pending tensor for the same node (autograd
+    detaches results it saves for backward, so this keeps such chains recording)."""
+    node = t.__dict__["_node"]
+    out = _make_wrapper(NeuronTensor, t.shape, dtype=t.dtype, device=T.DEVICE)
+    out._node = node
+    node.outs.append(weakref.ref(out))
+    return out
+
+
+# op id -> whether it flushes even without pending arguments (it may write memory)
+_writes: dict[int, bool] = {}
+
+
+def _must_flush(func, args, kwargs) -> bool:
+    writes = _writes.get(id(func))
+    if writes is None:
+        writes = _writes[id(func)] = func.namespace != "aten" or func._schema.is_mutable
+    if writes:
+        return True
+    for a in args:
+        if type(a) is NeuronTensor:
+            if "_node" in a.__dict__:
+                return True
+        elif type(a) is list or type(a) is tuple:
+            for b in a:
+                if type(b) is NeuronTensor and "_node" in b.__dict__:
+                    return True
+    for a in kwargs.values():
+        if type(a) is NeuronTensor and "_node" in a.__dict__:
+            return True
+    return False
+
+
+_FUSIBLE = E.FUSIBLE
+_DETACH = aten.detach.default
+
+
+def dispatch(func, args, kwargs):
+    """The dispatcher while adaptive eager is on."""
+    if not active:
+        return _inner(func, args, kwargs)
+    plan = _FUSIBLE.get(func)
+    with _lock:
+        if plan is not None:
+            out = _record(plan, args, kwargs)
+            if out is not None:
+                return out
+        if _region.nodes:
+            node = pending_node(args[0]) if func is _DETACH else None
+            if node is not None and node.region == _region.serial:
+                return _detach(args[0])
+            if _must_flush(func, args, kwargs):
+                flush(func.name())
+    return _inner(func, args, kwargs)
+
+
+def flush(reason: str = "flush") -> None:
+    """Run every pending op now (a sync point)."""
+    global _region
+    with _lock:
+        region = _region
+        if not region.nodes:
+            return
+        _region = Region()
+        run_region(region, reason)
+
+
+def materialize(t: NeuronTensor) -> None:
+    """The pending hook: code reads the data of `t`, so its region runs now."""
+    with _lock:
+        node = t.__dict__.get("_node")
+        if node is not None and node.region == _region.serial:
+            flush("data read")
+    if "_storage" not in t.__dict__:
+        node = t.__dict__.get("_node")
+        error = node.error if node is not None else None
+        raise RuntimeError("adaptive eager: this tensor's data was never computed" +
+                           (f": its region failed ({error})" if error else ""))
+
+
+def install() -> None:
+    global _inner, _installed, active
+    active = True
+    if not _installed:  # else still in the chain, under a dispatcher installed later
+        _inner, _installed = T._dispatcher, True
+        T.set_dispatcher(dispatch)
+    T.set_pending_hook(materialize)  # stays: results of failed regions must explain
+
+
+def uninstall() -> None:
+    global _installed, active
+    flush("adaptive eager off")
+    active = False
+    if T._dispatcher is dispatch:  # plain eager pays nothing for adaptive eager being off
+        T.set_dispatcher(_inner)
+        _installed = False

@@ -1,0 +1,309 @@
+"""Adaptive eager against plain eager: bit-identical results, sync points, fusion, errors.
+
+Every check runs the same program in plain eager and then several times in adaptive eager
+(first sighting op by op, then compiled, then from the cache) and compares the bits.
+"""
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_eager
+from neuron_eager import adaptive
+from neuron_eager.adaptive import codegen, fusion, recording
+from neuron_eager.device_sim import core
+from neuron_eager.ops import router
+from neuron_eager.ops import tensor as T
+
+N = torch.device("neuron")
+
+
+@pytest.fixture(autouse=True)
+def _plain_after():
+    adaptive.reset_stats()
+    yield
+    adaptive.disable()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The stored bits of a (CPU copy of a) tensor, so NaNs and -0.0 compare exactly."""
+    t = t.detach().cpu()
+    if t.dtype.is_floating_point:
+        return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t
+
+
+def same_bits(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert actual.stride() == expected.stride()
+    assert torch.equal(bits(actual), bits(expected)), (actual, expected)
+
+
+def both_modes(fn, *args, times=3):
+    """fn(*args) in plain eager, then `times` times in adaptive eager: same bits each time."""
+    adaptive.disable()
+    expected = fn(*args)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    expected = [e.cpu() for e in expected]
+    adaptive.enable()
+    for _ in range(times):
+        got = fn(*args)
+        got = got if isinstance(got, tuple) else (got,)
+        for g, e in zip(got, expected):
+            assert g.device == N or g.device.type == "neuron"
+            same_bits(g.cpu(), e)
+    adaptive.disable()
+    return expected
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 3).to(dtype).to(N)
+    return torch.randint(-50, 50, shape, generator=g, dtype=dtype).to(N)
+
+
+# -- bit-identical chains ---------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_float_chain(dtype):
+    x, b = rand(64, 33, dtype=dtype), rand(33, dtype=dtype, seed=1)
+    both_modes(lambda: F.gelu(x * 1.7 + b).sigmoid() - torch.tanh(x) / 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int8])
+def test_int_chain_and_comparisons(dtype):
+    x, y = rand(50, dtype=dtype), rand(50, dtype=dtype, seed=1)
+    both_modes(lambda: ((x * 3 + y - 2).abs() & 7, (x < y) | (y > 5), (x + y) / 4))
+
+
+def test_mixed_dtypes_promote_as_eager():
+    x, y = rand(40, dtype=torch.bfloat16), rand(40, dtype=torch.float16, seed=1)
+    i = rand(40, dtype=torch.int32, seed=2)
+    both_modes(lambda: (x * y + i, (x + 1.5) * 2, i * 2.5, (i > 0) * x))
+
+
+def test_broadcasts_views_and_zero_dim_operands():
+    x = rand(6, 1, 5)
+    y = rand(4, 1, seed=1)
+    wide = rand(5, 8, seed=2)
+    t = wide.t()[::2]  # a strided, transposed view: (4, 5)
+    s = rand(seed=3)  # a neuron 0-dim tensor
+    c = torch.tensor(0.25)  # a CPU 0-dim tensor
+    both_modes(lambda: (x + y) * s - t * c)
+    both_modes(lambda: F.relu(t * 2 + s).exp())
+
+
+def test_small_shape_inside_bigger_group():
+    x, y = rand(4, 1), rand(1, 5, seed=1)
+    a = x * 2  # shape (4, 1), read by a (4, 5) op of the same region
+    both_modes(lambda: (torch.add(x * 2, 1) + y, x * 2))
+    del a
+
+
+def test_intermediates_kept_alive_are_written():
+    x = rand(100)
+    adaptive.disable()
+    expected = [(x * 2).cpu(), (x * 2 + 1).cpu(), ((x * 2 + 1) * 3).cpu()]
+    adaptive.enable()
+    for _ in range(3):
+        a = x * 2
+        b = a + 1
+        c = b * 3
+        for got, e in zip((c, a, b), expected[::-1][:1] + expected[:2]):
+            same_bits(got.cpu(), e)
+
+
+# -- scalars are arguments --------------------------------------------------------------------
+def test_new_scalar_values_reuse_the_kernel():
+    x = rand(256)
+    adaptive.enable()
+    results = []
+    for lr in (0.1, 0.2, 0.3, 0.4):
+        results.append((x * lr + lr).neg().cpu())
+    assert adaptive.stats()["cache_misses"] == 1
+    assert adaptive.stats()["cache_hits"] == 2
+    adaptive.disable()
+    for lr, got in zip((0.1, 0.2, 0.3, 0.4), results):
+        same_bits(got, (x * lr + lr).neg().cpu())
+
+
+# -- fusion happens -----------------------------------------------------------------------------
+def test_repeated_chain_fuses_into_one_kernel():
+    x, b = rand(1000), rand(1000, seed=1)
+
+    def chain():
+        return F.gelu(x * 2 + b).relu() - 1
+
+    before = core.kernels_launched
+    chain()
+    plain = core.kernels_launched - before
+    adaptive.enable()
+    launches = []
+    for _ in range(3):
+        before = core.kernels_launched
+        y = chain()
+        y.cpu()
+        launches.append(core.kernels_launched - before - 1)  # minus the copy to the host
+    s = adaptive.stats()
+    assert plain == 5 and launches == [5, 1, 1]
+    assert s["fused_kernels"] == 2 and s["cache_misses"] == 1 and s["cache_hits"] == 1
+    assert s["ops_recorded"] == 15 and s["hbm_bytes_not_moved"] > 0
+    assert "fused (cache hit)" in adaptive.explain()
+    assert "test_adaptive.py" in adaptive.explain()
+
+
+def test_dead_results_are_not_computed():
+    x = rand(100)
+    adaptive.enable()
+    before = core.kernels_launched
+    x * 2 + 1  # noqa: B018  (nobody reads it)
+    (x - 1).cpu()
+    assert core.kernels_launched - before == 2  # the sub and the copy
+
+
+# -- sync points -------------------------------------------------------------------------------
+def test_print_item_bool_tolist_cpu(capsys):
+    x = rand(5)
+    adaptive.disable()
+    expected = x * 2 + 1
+    expected_repr = repr(expected)
+    adaptive.enable()
+    y = x * 2 + 1
+    assert "_node" in y.__dict__
+    print(y)
+    assert capsys.readouterr().out.strip() == expected_repr
+    assert (x * 2 + 1)[1].item() == expected[1].item()
+    assert (x * 2 + 1).tolist() == expected.tolist()
+    assert bool(((x * 2 + 1) == expected).all())
+    same_bits((x * 2 + 1).cpu(), expected.cpu())
+    z = (x * 2 + 1).sum()  # a non-fusible op reads a pending tensor
+    assert z.item() == expected.sum().item()
+
+
+def test_in_place_and_views_on_pending_tensors():
+    x = rand(4, 6)
+
+    def program():
+        y = x * 2
+        y.add_(1)  # in-place on a pending tensor: flushed first
+        v = (x + 3).t()  # a view of a pending tensor
+        w = x - 1
+        w[0] = 0  # a write through a view
+        return y, v * 2, w
+
+    both_modes(program)
+
+
+def test_writing_an_input_flushes_first():
+    adaptive.enable()
+    x = rand(8)
+    y = x * 2  # pending: reads x
+    old = (x.cpu() * 2)
+    x.add_(1)  # writes x: y must still see the old values
+    same_bits(y.cpu(), old)
+
+
+def test_buffer_limit_flushes():
+    x = rand(10)
+    adaptive.enable()
+    y = x
+    for _ in range(recording.options.max_ops + 3):
+        y = y + 1
+    assert adaptive.stats()["flush_reasons"].get("buffer limit") == 1
+    adaptive.disable()
+    expected = x
+    for _ in range(recording.options.max_ops + 3):
+        expected = expected + 1
+    same_bits(y.cpu(), expected.cpu())
+
+
+# -- errors ------------------------------------------------------------------------------------
+def test_errors_raise_at_the_users_line():
+    x, y = rand(3, 4), rand(5)
+    i = rand(4, dtype=torch.int32)
+    messages = []
+    for mode in (False, True):
+        if mode:
+            adaptive.enable()
+        pending = x * 2
+        with pytest.raises(RuntimeError) as shape_error:
+            pending + y
+        with pytest.raises(NotImplementedError) as dtype_error:
+            F.gelu(i)
+        messages.append((str(shape_error.value), str(dtype_error.value)))
+        assert any(str(e.path) == __file__ and "pending + y" in str(e.statement)
+                   for e in shape_error.traceback)  # raised by the user's line itself
+        same_bits(pending.cpu(), (x.cpu() * 2))  # the region survives the error
+    assert messages[0] == messages[1]
+
+
+def test_compile_failure_warns_once_and_runs_op_by_op(monkeypatch):
+    real_source = codegen.source
+    # the real source without its helpers: Numba's typing fails on the first call
+    monkeypatch.setattr(codegen, "source", lambda spec: (real_source(spec)[0], {}))
+    monkeypatch.setattr(codegen, "_kernels", {})
+    monkeypatch.setattr(codegen, "_warned", set())
+    monkeypatch.setattr(fusion, "_plans", {})
+    x = rand(50)
+    with pytest.warns(RuntimeWarning, match="did not compile"):
+        both_modes(lambda: (x * 5 - 2).abs(), times=4)
+    assert adaptive.stats()["compile_failures"] == 1
+    assert adaptive.stats()["fused_kernels"] == 0
+
+
+# -- autograd ------------------------------------------------------------------------------------
+def test_backward_matches_plain_eager():
+    w0, b0, x = rand(16, 8), rand(8, seed=1), rand(16, 8, seed=2)
+
+    def step():
+        w = w0.detach().requires_grad_(True)
+        b = b0.detach().requires_grad_(True)
+        h = F.gelu(x * w + b)
+        loss = (torch.tanh(h) * 0.5 + h.sigmoid()).sum()
+        loss.backward()
+        return loss.detach(), w.grad, b.grad
+
+    both_modes(step)
+    adaptive.enable()
+    threads = set()
+    recorded = recording._record
+
+    def spy(*a):
+        threads.add(threading.get_ident())
+        return recorded(*a)
+
+    recording._record = spy
+    try:
+        step()
+    finally:
+        recording._record = recorded
+    assert len(threads) == 2  # the backward's elementwise ops were recorded on its thread
+
+
+# -- switching ---------------------------------------------------------------------------------
+def test_api_and_plain_eager_untouched_when_off():
+    assert not adaptive.is_enabled() and T._dispatcher is router.dispatch
+    with neuron_eager.adaptive_eager():
+        assert adaptive.is_enabled() and T._dispatcher is recording.dispatch
+        y = rand(3) + 1
+    assert "_node" not in y.__dict__  # leaving the block ran it
+    assert not adaptive.is_enabled() and T._dispatcher is router.dispatch
+
+
+def test_environment_variable_enables_at_import():
+    code = "import neuron_eager; print(neuron_eager.adaptive.is_enabled())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"NEURON_EAGER_ADAPTIVE": "1", "PATH": ""}, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_neuron_synchronize_runs_recorded_work():
+    x = torch.randn(64, device="neuron")
+    with adaptive.adaptive_eager():
+        y = x * 2 + 1
+        torch.neuron.synchronize()
+        assert adaptive.stats()["flush_reasons"].get("synchronize") == 1
+        same_bits(y, (x.cpu() * 2 + 1))
