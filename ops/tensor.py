@@ -96,7 +96,8 @@ class NeuronStorage:
         block = self.block
         if block is not None:
             self.block = None
-            core.hbm.free(block)
+            if core is not None:  # None when the interpreter is tearing modules down
+                core.hbm.free(block)
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
