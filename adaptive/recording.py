@@ -21,6 +21,7 @@ from neuron_eager.device_sim import config
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics, sourceline
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.router import count_native
 
 NeuronTensor = T.NeuronTensor
 aten = torch.ops.aten
@@ -212,6 +213,7 @@ def dispatch(func, args, kwargs):
         if plan is not None:
             out = _record(plan, args, kwargs)
             if out is not None:
+                count_native(func)  # get_executed_ops() counts it, as plain eager would
                 return out
         if _region.nodes:
             node = pending_node(args[0]) if func is _DETACH else None

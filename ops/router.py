@@ -92,6 +92,15 @@ def _entry(func) -> list:
 _entry_ops: dict[int, object] = {}
 
 
+def count_native(func) -> None:
+    """Count a native run of `func` that did not pass through `dispatch` (adaptive eager
+    records fusible ops and runs them later, fused)."""
+    entry = _entries.get(id(func))
+    if entry is None:
+        entry = _entry(func)
+    entry[2] += 1
+
+
 def executed_counts() -> dict[str, int]:
     """Native kernel runs per op name since the last clear."""
     return {_entry_ops[key].name(): entry[2] for key, entry in _entries.items() if entry[2]}

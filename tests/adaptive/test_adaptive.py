@@ -307,3 +307,17 @@ def test_neuron_synchronize_runs_recorded_work():
         torch.neuron.synchronize()
         assert adaptive.stats()["flush_reasons"].get("synchronize") == 1
         same_bits(y, (x.cpu() * 2 + 1))
+
+
+def test_recorded_ops_count_as_executed_like_plain_eager():
+    x = torch.randn(64, device="neuron")
+
+    def program():
+        neuron_eager.clear_op_tracking()
+        (torch.relu(x * 2 + 1) - x).sum().item()
+        return neuron_eager.get_executed_ops()
+
+    plain = program()
+    with adaptive.adaptive_eager():
+        for _ in range(3):  # op by op, compiled, cached
+            assert program() == plain
