@@ -1,0 +1,63 @@
+"""Debugging stays honest under adaptive eager: print and pdb inside a model's forward."""
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import torch, neuron_eager
+    from neuron_eager import adaptive
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = torch.nn.functional.gelu(self.lin(x) * 2 + 1)
+            y = h * 0.5 - x
+            print("inside forward:", repr(float(y.sum())))
+            breakpoint()
+            return y
+
+    torch.manual_seed(0)
+    model = Block().to("neuron")
+    x = torch.randn(4, 8, device="neuron")
+    if sys.argv[1] == "adaptive":
+        adaptive.enable()
+    for _ in range(3):  # op by op, then compiled, then from the cache
+        model(x)
+    if sys.argv[1] == "adaptive":
+        print("fused kernels:", adaptive.stats()["fused_kernels"])
+""")
+# pdb commands typed at each of the three breakpoints
+PDB_INPUT = "p repr(float(y.mean()))\np y[0, :3].tolist()\nc\n" * 3
+
+
+def _run(mode: str, tmp_path) -> list[str]:
+    script = tmp_path / "debug_me.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONBREAKPOINT="pdb.set_trace")
+    done = subprocess.run([sys.executable, str(script), mode], input=PDB_INPUT, text=True,
+                          capture_output=True, env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def _values(lines: list[str]) -> list[str]:
+    """What print and pdb showed: the forward's prints and pdb's answers, in order."""
+    shown = [line.split("inside forward:")[1].strip() for line in lines
+             if "inside forward:" in line]
+    answers = [line.split("(Pdb) ", 1)[1] for line in lines if line.startswith("(Pdb) ")]
+    shown += [a for a in answers if a.strip() and "inside forward:" not in a and ":" not in a]
+    return shown
+
+
+def test_print_and_pdb_show_eager_values_under_adaptive_eager(tmp_path):
+    plain, adaptive = _run("plain", tmp_path), _run("adaptive", tmp_path)
+    fused = [int(line.split("fused kernels:")[1]) for line in adaptive if "fused kernels:" in line]
+    assert fused and fused[0] > 0  # the forward's elementwise tail did fuse
+    plain_values = _values(plain)
+    assert len(plain_values) == 3 + 3 * 2  # 3 prints, 2 pdb answers at each breakpoint
+    assert _values(adaptive) == plain_values  # bit-identical values, as printed
