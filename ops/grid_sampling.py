@@ -13,22 +13,12 @@ from numba import njit
 from neuron_eager.device_sim import core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.matmul import narrow_into, raise_like_cpu, result_buffer, widen
+from neuron_eager.ops.matmul import meta_check, narrow_into, result_buffer, widen
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
 F32 = np.float32
-
-
-def _check(op, args):
-    try:
-        return op(*[torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
-                    if isinstance(a, torch.Tensor) else a for a in args])
-    except NotImplementedError:  # no meta kernel
-        return None
-    except (RuntimeError, ValueError, IndexError):
-        raise_like_cpu(op, *args)
 
 
 def _fallback(op, args):
@@ -306,7 +296,7 @@ def _grid_native(x, grid, mode):
 @register(aten.grid_sampler_2d.default)
 def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
     args = (x, grid, interpolation_mode, padding_mode, align_corners)
-    _check(aten.grid_sampler_2d.default, args)
+    meta_check(aten.grid_sampler_2d.default, args)
     if not _grid_native(x, grid, interpolation_mode):
         return _fallback(aten.grid_sampler_2d.default, args)
     N, C = x.shape[:2]

@@ -349,6 +349,18 @@ def raise_like_cpu(op, *args, **kwargs):
     raise RuntimeError(f"{op}: these arguments are not supported on neuron")
 
 
+def meta_check(op, args):
+    """Run `op` on meta copies of `args`: the output metadata, or the CPU's error for bad
+    arguments. None when the op has no meta kernel (the kernel's own checks must do)."""
+    try:
+        return op(*[torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+                    if isinstance(a, torch.Tensor) else a for a in args])
+    except NotImplementedError:
+        return None
+    except (RuntimeError, ValueError, IndexError):
+        raise_like_cpu(op, *args)
+
+
 def _ok(*tensors, dims) -> bool:
     dtype = tensors[0].dtype
     return all(isinstance(t, NeuronTensor) and t.dtype == dtype and t.dim() == d

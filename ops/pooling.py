@@ -16,7 +16,7 @@ from numba import njit
 from neuron_eager.device_sim import core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.matmul import flat, narrow_into, raise_like_cpu, result_buffer, widen
+from neuron_eager.ops.matmul import flat, meta_check, narrow_into, result_buffer, widen
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -196,20 +196,6 @@ def _geometry(x, out, k, grad=None, indices=None, dilation=(1, 1, 1)):
     return np.array([N * C, C, *xs, D, H, W, Do, Ho, Wo, *dilation, *gs, *is_], np.int64)
 
 
-def _meta(t):
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-
-
-def _shape_of(op, args):
-    """Output metadata from the meta kernel; CPU's error when the arguments are bad."""
-    try:
-        return op(*[_meta(a) if isinstance(a, torch.Tensor) else a for a in args])
-    except NotImplementedError:  # no meta kernel: the kernel's own checks must do
-        return None
-    except (RuntimeError, ValueError, IndexError):
-        raise_like_cpu(op, *args)
-
-
 def _axes(v, k, default=None):
     v = list(v) if isinstance(v, (list, tuple)) else [v]
     if not v:
@@ -255,7 +241,7 @@ def _max(x, out_meta, k, windows, dilation=(1, 1, 1)):
 
 def _max_pool(op, k, x, kernel_size, stride, padding, dilation, ceil_mode):
     args = (x, kernel_size, stride, padding, dilation, ceil_mode)
-    meta, _ = _shape_of(op, args)
+    meta, _ = meta_check(op, args)
     if not _native(x, k):
         return _fallback(op, args)
     ks, ss = _axes(kernel_size, k), _axes(stride, k, kernel_size)
@@ -278,7 +264,7 @@ def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
 
 
 def _adaptive_max(op, k, x, output_size):
-    meta, _ = _shape_of(op, (x, output_size))
+    meta, _ = meta_check(op, (x, output_size))
     if not _native(x, k, floating=True):
         return _fallback(op, (x, output_size))
     sizes, outs = _sizes(x, meta, k)
@@ -298,7 +284,7 @@ def adaptive_max_pool3d(x, output_size):
 
 def _fractional(op, k, x, kernel_size, output_size, samples):
     args = (x, kernel_size, output_size, samples)
-    meta, _ = _shape_of(op, args)
+    meta, _ = meta_check(op, args)
     if not _native(x, k, samples, floating=True) or samples.dtype != x.dtype:
         return _fallback(op, args)
     sizes, outs = _sizes(x, meta, k)
@@ -328,7 +314,7 @@ def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
 
 
 def _max_backward(op, k, args, grad, x, indices):
-    _shape_of(op, args)
+    meta_check(op, args)
     if not _native(x, k, grad, indices, floating=True):
         return _fallback(op, args)
     gin = T.empty(x.shape, x.dtype)
@@ -422,7 +408,7 @@ def _cpu_dtypes(k, x, frame):
 
 def _avg_pool(op, k, args):
     x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override = args
-    meta = _shape_of(op, args)
+    meta = meta_check(op, args)
     _cpu_dtypes(k, x, "avg_pool3d_out_frame")
     if not _native(x, k):
         return _fallback(op, args)
@@ -446,7 +432,7 @@ def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
 
 def _avg_pool_backward(op, k, args):
     grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override = args
-    _shape_of(op, args)
+    meta_check(op, args)
     _cpu_dtypes(k, x, "avg_pool3d_backward_out_frame")
     if not _native(x, k, grad, floating=True):
         return _fallback(op, args)
@@ -471,7 +457,7 @@ def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_
 
 
 def _adaptive_avg(op, k, x, output_size):
-    meta = _shape_of(op, (x, output_size))
+    meta = meta_check(op, (x, output_size))
     if not _native(x, k, floating=True):
         return _fallback(op, (x, output_size))
     sizes, outs = _sizes(x, meta, k)
@@ -490,7 +476,7 @@ def adaptive_avg_pool3d(x, output_size):
 
 
 def _adaptive_avg_backward(op, k, grad, x):
-    _shape_of(op, (grad, x))
+    meta_check(op, (grad, x))
     if not _native(x, k, grad, floating=True):
         return _fallback(op, (grad, x))
     sizes, outs = _sizes(x, grad, k)

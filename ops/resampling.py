@@ -17,7 +17,7 @@ from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.matmul import narrow_into, raise_like_cpu, result_buffer, widen
+from neuron_eager.ops.matmul import meta_check, narrow_into, result_buffer, widen
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -184,19 +184,6 @@ def _planes(t: torch.Tensor, k: int):
     return shape, stride
 
 
-def _meta(t):
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-
-
-def _check(op, args):
-    try:
-        return op(*[_meta(a) if isinstance(a, torch.Tensor) else a for a in args])
-    except NotImplementedError:  # no meta kernel: the kernel's own checks must do
-        return None
-    except (RuntimeError, ValueError, IndexError):
-        raise_like_cpu(op, *args)
-
-
 def _fallback(op, args):
     from neuron_eager.ops.router import cpu_fallback
 
@@ -239,7 +226,7 @@ def resample(x: NeuronTensor, out_shape, k: int, tables) -> NeuronTensor:
 
 def _upsample_backward(op, args, scales, make_taps):
     """args: grad, output_size, input_size, then the mode's arguments and scales."""
-    _check(op, args)
+    meta_check(op, args)
     grad, output_size, input_size = args[:3]
     if not isinstance(grad, NeuronTensor) or not grad.dtype.is_floating_point:
         return _fallback(op, args)
@@ -287,7 +274,7 @@ for _op, _taps in ((aten.upsample_linear1d_backward.default, linear_taps),
 @register(aten._upsample_bilinear2d_aa.default)
 def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
     args = (x, output_size, align_corners, scales_h, scales_w)
-    meta = _check(aten._upsample_bilinear2d_aa.default, args)
+    meta = meta_check(aten._upsample_bilinear2d_aa.default, args)
     if x.dtype in (torch.bfloat16, torch.float16):  # as the CPU, which has no 16-bit weights
         raise NotImplementedError(
             f'"compute_index_ranges_weights" not implemented for \'{T.dtype_name(x.dtype)}\'')
@@ -301,7 +288,7 @@ def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_
 def _register_pad(op, k):
     def kernel(grad, x, padding):
         args = (grad, x, padding)
-        _check(op, args)
+        meta_check(op, args)
         if not isinstance(grad, NeuronTensor) or not grad.dtype.is_floating_point:
             return _fallback(op, args)
         sizes, outs = x.shape[-k:], grad.shape[-k:]
