@@ -36,14 +36,8 @@ def source(spec) -> tuple[str, dict]:
         [f"s{k}" for k in range(n_scalars)]
     namespace: dict = {}
     lines = [f"def kernel({', '.join(names)}):"]
-    if layout == "c":
-        lines.append("    for i in range(o0.shape[0]):")
-        idx, pad = "[i]", " " * 8
-    else:
-        lines.append("    d0, d1, d2, d3 = o0.shape")
-        for k in range(4):
-            lines.append(" " * (4 + 4 * k) + f"for i{k} in range(d{k}):")
-        idx, pad = "[i0, i1, i2, i3]", " " * 20
+    loop, idx, pad = kernelgen.loop_header(layout, "o0")
+    lines += loop
     for k in range(n_in):
         lines.append(f"{pad}r{k} = a{k}{idx}")
     for j, (op, operands, compute, out_code) in enumerate(nodes):

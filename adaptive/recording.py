@@ -10,7 +10,6 @@ kernels) flushes through the tensor's pending hook. One region is shared by all 
 """
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -94,22 +93,12 @@ _region = Region()
 active = False  # recording on (the dispatcher may stay wrapped, e.g. by the profiler)
 _inner = None  # the dispatcher that was installed before adaptive eager
 _installed = False
-_internal: tuple[str, ...] = ()
 run_region = None  # set by fusion.py: run_region(region, reason)
 
 
 def _where() -> tuple[str, int]:
-    """The user's (file, line): the innermost frame outside torch and neuron-eager."""
-    global _internal
-    if not _internal:
-        _internal = sourceline._internal_dirs()
-    frame = sys._getframe(2)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(_internal) and not filename.startswith("<frozen"):
-            return filename, frame.f_lineno
-        frame = frame.f_back
-    return "<autograd backward>", 0
+    """The user's (file, line) behind the op being recorded."""
+    return sourceline.user_frame()
 
 
 def pending_node(t) -> Node | None:

@@ -22,20 +22,24 @@ _ids = count()
 stats = {"compiled": 0, "hits": 0}
 
 
+def loop_header(layout: str, out: str) -> tuple[list[str], str, str]:
+    """The loop lines over array `out` for a layout ('c': flat, 's': 4-D strided), the
+    element index expression and the body's indentation."""
+    if layout == "c":
+        return [f"    for i in range({out}.shape[0]):"], "[i]", " " * 8
+    lines = [f"    d0, d1, d2, d3 = {out}.shape"]
+    lines += [" " * (4 + 4 * k) + f"for i{k} in range(d{k}):" for k in range(4)]
+    return lines, "[i0, i1, i2, i3]", " " * 20
+
+
 def _source(arity: int, nparams: int, kinds: tuple, layout: str, stochastic: bool) -> str:
     args = ["out"] + [f"a{i}" for i in range(arity)] + [f"p{j}" for j in range(nparams)]
     lines = [f"def kernel({', '.join(args)}):"]
     for i, kind in enumerate(kinds):
         if kind == "s":
             lines.append(f"    v{i} = load{i}(a{i})")
-    if layout == "c":
-        lines.append("    for i in range(out.shape[0]):")
-        idx, pad = "[i]", " " * 8
-    else:
-        lines.append("    d0, d1, d2, d3 = out.shape")
-        for k in range(4):
-            lines.append(" " * (4 + 4 * k) + f"for i{k} in range(d{k}):")
-        idx, pad = "[i0, i1, i2, i3]", " " * 20
+    loop, idx, pad = loop_header(layout, "out")
+    lines += loop
     values = [f"load{i}(a{i}{idx})" if kind == "a" else f"v{i}" for i, kind in enumerate(kinds)]
     call = f"fn({', '.join(values + [f'p{j}' for j in range(nparams)])})"
     if stochastic:

@@ -14,12 +14,22 @@ import torch
 _PACKAGES = ("neuron_eager", "neuron_eager.ops", "neuron_eager.adaptive", "neuron_eager.device_sim")
 
 
+_internal: tuple[str, ...] = ()
+
+
 def _internal_dirs() -> tuple[str, ...]:
+    """torch's and our package folders; cached once every package is imported."""
+    global _internal
+    if _internal:
+        return _internal
     dirs = [os.path.dirname(torch.__file__)]
     for name in _PACKAGES:
         module = sys.modules.get(name)
         dirs.extend(getattr(module, "__path__", ()))
-    return tuple(os.path.join(d, "") for d in dirs)
+    found = tuple(os.path.join(d, "") for d in dirs)
+    if len(found) == 1 + len(_PACKAGES):
+        _internal = found
+    return found
 
 
 def user_frame() -> tuple[str, int]:
