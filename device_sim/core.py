@@ -57,23 +57,7 @@ class NeuronCore:
                 c = self.cost_model.cost(engine, elements, nbytes)
                 priced = self._priced[key] = (c, c.duration_ps)
             cost, duration = priced
-            clock = self.clock  # Clock.schedule, inlined: this runs once per kernel
-            stream, free = clock.current, clock.engine_free
-            start = stream.ready_ps
-            if free[engine] > start:
-                start = free[engine]
-            if clock.host_ps > start:
-                start = clock.host_ps
-            end = start + duration
-            stream.ready_ps = free[engine] = end
-            clock.busy_ps[engine] += duration
-            if end > clock.last_end_ps:
-                clock.last_end_ps = end
-            if config.launch_blocking:
-                clock.host_ps = end
-            if clock.records is not None:
-                clock.record(engine, start, end, cost, elements, nbytes, self.hbm)
-            return cost
+            start, end = self.clock.schedule(engine, duration)
         if self.clock.records is not None:
             self.clock.record(engine, start, end, cost, elements, nbytes, self.hbm)
         return cost
