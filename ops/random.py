@@ -57,14 +57,15 @@ def uniform01(word):
 class Generator:
     """The NeuronCore's random state: a seed and a counter offset."""
 
-    def __init__(self, seed: int = 67280421310721):
+    def __init__(self, seed: int = 67280421310721, rounding_noise: bool = False):
         self._lock = threading.Lock()
+        self._rounding_noise = rounding_noise  # the device's: seeds stochastic rounding too
         self.manual_seed(seed)
 
     def manual_seed(self, seed: int) -> "Generator":
         self._seed = int(seed) & 0xFFFFFFFFFFFFFFFF
         self._offset = 0
-        if "default_generator" not in globals() or self is default_generator:
+        if self._rounding_noise:
             numerics.reset_noise(self._seed)  # Note [stochastic rounding noise]
         return self
 
@@ -92,4 +93,4 @@ class Generator:
         self._seed, self._offset = int(seed), int(offset)
 
 
-default_generator = Generator()
+default_generator = Generator(rounding_noise=True)
