@@ -174,6 +174,21 @@ class NeuronTensor(torch.Tensor):
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (to_cpu(self.detach()), self.dtype, str(self.device), self.requires_grad))
 
+    @property
+    def data(self):
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new):
+        # `p.data = new` (Module.to(dtype), .half(), user code) swaps the C++ metadata only;
+        # the memory behind it lives in our attributes, so they follow.
+        storage = new._storage if type(new) is NeuronTensor else None  # computed first
+        _TENSOR_DATA.__set__(self, new)
+        if storage is not None:
+            self.__dict__.pop("_node", None)
+            self._storage = storage
+            refresh(self)
+
     def tolist(self):
         return to_cpu(self).tolist()
 
@@ -204,6 +219,9 @@ class NeuronTensor(torch.Tensor):
 
     def __array__(self, dtype=None, copy=None):
         return self.numpy()
+
+
+_TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
 
 
 def _dispatch_not_ready(func, args, kwargs):
