@@ -59,13 +59,16 @@ def stats() -> dict:
     """Counters since the last reset: ops recorded, regions flushed, kernels launched by
     them (fused and op by op), fused kernels, cache hits/misses, compile seconds and
     failures, HBM bytes moved and not moved (intermediates kept in registers), flushes by
-    reason, and the fused-kernel cache size."""
-    return dict(fusion.stats, flush_reasons=dict(fusion.flush_reasons),
+    reason, the fused-kernel cache size, and of the new kernels how many Numba compiled and
+    how many it loaded from the disk cache (disk_hits; disk_writes: kernel files written,
+    disk_fallbacks: kernels made in memory because the disk cache failed)."""
+    return dict(fusion.stats, **codegen.stats, flush_reasons=dict(fusion.flush_reasons),
                 cached_kernels=codegen.cache_size())
 
 
 def reset_stats() -> None:
     fusion.stats.update(fusion.STATS_ZERO)
+    codegen.stats.update(codegen.STATS_ZERO)
     fusion.flush_reasons.clear()
     fusion.history.clear()
 

@@ -4,14 +4,19 @@ A kernel is generated from fixed per-op templates with generated names (never fr
 strings): each op loads its operands to its compute type, calls the op's jitted scalar
 function and rounds the value to its output dtype (Note [Bit-identical fusion]), so the
 fused loop computes exactly what the ops compute one by one. Kernels are cached in memory
-by their structure, which leaves out shapes and scalar values (they are arguments).
+by their structure, which leaves out shapes and scalar values (they are arguments), and on
+disk as content-hashed files that Numba caches machine code for (diskcache.py), so a later
+process loads them instead of compiling. A generator returns (source, recipes): each global
+the source calls is a printable recipe that `resolve` turns into the jitted function.
 """
 from __future__ import annotations
 
 import time
 import warnings
 
-from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import elementwise, kernelgen, numerics
+
+from . import diskcache
 
 # Note [Bit-identical fusion]
 # Plain eager stores every op's result in its dtype and the next op loads it back. A fused
@@ -22,67 +27,111 @@ from neuron_eager.ops import kernelgen, numerics
 
 FAILED = object()  # a kernel that did not compile: its groups run op by op
 _kernels: dict = {}
+_labels: dict = {}  # spec -> label, for first_call's warning
 _warned: set = set()
+STATS_ZERO = dict(compiles=0, disk_hits=0, disk_writes=0, disk_fallbacks=0)
+stats: dict = dict(STATS_ZERO)
+
+
+def resolve(recipe: tuple):
+    """The jitted function a recipe names: ("op", name) an elementwise op's scalar function
+    (Note [Ops by name]), ("loader", code, compute) or ("storer", code[, stochastic]).
+
+    >>> resolve(("storer", "f32"))(1.5)
+    1.5
+    """
+    kind, *args = recipe
+    if kind == "op":
+        return elementwise.OPS_BY_NAME[args[0]].fn
+    if kind == "loader":
+        return numerics.loader(*args)
+    if kind == "storer":
+        return numerics.storer(*args)
+    raise ValueError(f"unknown kernel recipe {recipe!r}")
 
 
 def source(spec) -> tuple[str, dict]:
-    """Kernel source and namespace for a group `spec`: (layout, nodes, stores, n_out, n_in,
-    n_scalars). Each node is (op, operands, compute, out_code) with operands ("v", local
-    node, load code), ("a", input array, load code), ("t", scalar arg, load code: a 0-dim
-    tensor's stored value) or ("s", scalar arg: a host-cast Python scalar or parameter);
-    `stores` lists (local node, output array)."""
+    """Kernel source and recipes (global name -> recipe, see `resolve`) for a group `spec`:
+    (layout, nodes, stores, n_out, n_in, n_scalars). Each node is (op, operands, compute,
+    out_code) with operands ("v", local node, load code), ("a", input array, load code),
+    ("t", scalar arg, load code: a 0-dim tensor's stored value) or ("s", scalar arg: a
+    host-cast Python scalar or parameter); `stores` lists (local node, output array)."""
     layout, nodes, stores, n_out, n_in, n_scalars = spec
     names = [f"o{k}" for k in range(n_out)] + [f"a{k}" for k in range(n_in)] + \
         [f"s{k}" for k in range(n_scalars)]
-    namespace: dict = {}
+    recipes: dict = {}
     lines = [f"def kernel({', '.join(names)}):"]
     loop, idx, pad = kernelgen.loop_header(layout, "o0")
     lines += loop
     for k in range(n_in):
         lines.append(f"{pad}r{k} = a{k}{idx}")
     for j, (op, operands, compute, out_code) in enumerate(nodes):
-        namespace[f"f{j}"] = op.fn
-        namespace[f"st{j}"] = numerics.storer(out_code)
+        recipes[f"f{j}"] = ("op", op.name)
+        recipes[f"st{j}"] = ("storer", out_code)
         values = []
         for i, (kind, ref, *code) in enumerate(operands):
             if kind == "s":
                 values.append(f"s{ref}")
                 continue
-            namespace[f"l{j}_{i}"] = numerics.loader(code[0], compute)
+            recipes[f"l{j}_{i}"] = ("loader", code[0], compute)
             arg = {"v": "v", "a": "r", "t": "s"}[kind] + str(ref)
             values.append(f"l{j}_{i}({arg})")
         lines.append(f"{pad}v{j} = st{j}(f{j}({', '.join(values)}))")
     for j, k in stores:
         lines.append(f"{pad}o{k}{idx} = v{j}")
-    return "\n".join(lines) + "\n", namespace
+    return "\n".join(lines) + "\n", recipes
 
 
-def kernel_for(spec, label: str):
-    """(kernel, compiled_now) for `spec`; FAILED if it did not compile before."""
+def kernel_for(spec, label: str, make_source=None):
+    """(kernel, compiled_now) for `spec`, its source made by `make_source(spec) -> (src,
+    recipes)` (default `source`; specs of different generators must differ); FAILED if it
+    did not compile before. A new kernel comes from the disk cache when it can (Numba then
+    loads its machine code at the first call instead of compiling), else from memory."""
     kernel = _kernels.get(spec)
     if kernel is not None:
         return kernel, False
-    src, namespace = source(spec)
-    kernel = _kernels[spec] = kernelgen.jit_source(src, namespace, f"fused {label}")
+    src, recipes = (make_source or source)(spec)
+    kernel = None
+    folder = diskcache.folder()
+    if folder is not None:
+        kernel, written = diskcache.load(folder, src, recipes, label)
+        stats["disk_writes"] += written
+        stats["disk_fallbacks"] += kernel is None
+    if kernel is None:
+        namespace = {name: resolve(recipe) for name, recipe in recipes.items()}
+        kernel = kernelgen.jit_source(src, namespace, f"fused {label}")
+    _kernels[spec], _labels[spec] = kernel, label
     return kernel, True
 
 
 def first_call(spec, kernel, args) -> float | None:
-    """Run a new kernel once (Numba compiles it now). Returns the seconds it took, or None
-    if it failed to compile: then it is marked FAILED and a warning names it once."""
+    """Run a new kernel once (Numba compiles it now, or loads it from the disk cache: counted
+    in `stats`). Returns the seconds it took, or None if it failed to compile: then it is
+    marked FAILED and a warning names it once."""
+    hits, misses = _cache_counts(kernel)
     t0 = time.perf_counter()
     try:
         kernel(*args)
     except Exception as e:  # noqa: BLE001  (any Numba typing/lowering error)
         _kernels[spec] = FAILED
-        label = "+".join(node[0].name for node in spec[1])
+        label = _labels.get(spec, "?")
         if label not in _warned:
             _warned.add(label)
             warnings.warn(f"adaptive eager: the fused kernel {label} did not compile; its ops "
                           f"run one by one ({type(e).__name__}: {str(e).splitlines()[0]})",
                           RuntimeWarning, stacklevel=2)
         return None
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    now_hits, now_misses = _cache_counts(kernel)
+    stats["disk_hits"] += now_hits > hits  # machine code loaded from the disk cache
+    stats["compiles"] += now_misses > misses
+    return seconds
+
+
+def _cache_counts(kernel) -> tuple[int, int]:
+    """Numba's counts of signatures loaded from its cache and compiled, for a dispatcher."""
+    s = getattr(kernel, "py_kernel", kernel).stats  # (py_kernel: under numerics.with_noise)
+    return sum(s.cache_hits.values()), sum(s.cache_misses.values())
 
 
 def cache_size() -> int:

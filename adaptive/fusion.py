@@ -21,7 +21,7 @@ from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
 
-from . import codegen, recording
+from . import codegen, plans, recording, rowgen
 
 STATS_ZERO = dict(ops_recorded=0, regions=0, kernels_launched=0, fused_kernels=0,
                   unfused_ops=0, cache_hits=0, cache_misses=0, compile_failures=0,
@@ -35,13 +35,16 @@ _PLAN_LIMIT = 4096
 
 class Group:
     """Ops of a region run as one loop: `nodes` (region indices, in order), `stored` (those
-    whose results are written), and once laid out, the fused kernel's spec and arguments."""
+    whose results are written), and once laid out, the fused kernel's spec and arguments.
+    A row group (`full` set: the shape its reductions reduce, over the last `k` dims) gives
+    each node a role: "full", "row" or "red" (adaptive/rowgen.py)."""
 
     __slots__ = ("nodes", "stored", "shape", "spec", "arrays", "scalars", "engine",
-                 "moved", "not_moved", "kernel")
+                 "moved", "not_moved", "kernel", "full", "k", "roles", "fixed")
 
     def __init__(self, j: int, shape: tuple):
         self.nodes, self.shape, self.spec, self.kernel = [j], shape, None, None
+        self.full, self.k, self.roles, self.fixed = None, 0, {}, False
 
 
 class Plan:
@@ -69,6 +72,115 @@ def _strides_in(shape: tuple, stride: tuple, group_shape: tuple) -> list[int]:
                          for n, st, g in zip(shape, stride, group_shape[lead:])]
 
 
+def _role(shape: tuple, full: tuple, k: int) -> str | None:
+    """How a value of `shape` broadcasts over a row group's (rows, cols) split: one value
+    per element ("full"), one per row ("row"), or neither (None)."""
+    if len(shape) > len(full):
+        return None
+    padded = (1,) * (len(full) - len(shape)) + tuple(shape)
+    split = len(full) - k
+    if any(n != f and n != 1 for n, f in zip(padded[:split], full[:split])):
+        return None
+    cols = padded[split:]
+    if cols == full[split:]:
+        return "full"
+    return "row" if all(n == 1 for n in cols) else None
+
+
+def _is_red(node) -> bool:
+    return type(node.op) is plans.Reduction
+
+
+def _in_shape(region, node) -> tuple:
+    """The shape a reduction node reads."""
+    kind, ref = node.refs[0]
+    return tuple(region.nodes[ref].shape if kind == "n" else region.descs[ref][1])
+
+
+def _joins_row(g: Group, region, j: int) -> bool:
+    """Whether node j fits row group g (as full, row or reduction) and records its role."""
+    node = region.nodes[j]
+    inside = [ref for kind, ref in node.refs if kind == "n" and ref in g.roles]
+    if _is_red(node):
+        kind, ref = node.refs[0]
+        if kind == "n" and ref in g.roles and g.roles[ref] != "full":
+            return False
+        if _in_shape(region, node) != g.full or len(node.op.dims) != g.k:
+            return False
+        g.roles[j] = "red" if node.op.keepdim else "out"
+        return True
+    role = _role(node.shape, g.full, g.k)
+    if role is None:
+        return False
+    for ref in inside:
+        if g.roles[ref] == "out" or (role == "row" and g.roles[ref] == "full"):
+            return False
+    g.roles[j] = role
+    return True
+
+
+def _to_row_group(g: Group, region, j: int, in_shape: tuple) -> bool:
+    """Turn elementwise group g into a row group for reduction node j, if all its nodes fit."""
+    nodes = region.nodes
+    k = len(nodes[j].op.dims)
+    roles = {}
+    for i in g.nodes:
+        role = _role(nodes[i].shape, in_shape, k)
+        if role is None:
+            return False
+        roles[i] = role
+    g.full, g.k, g.roles = in_shape, k, roles
+    if _joins_row(g, region, j):
+        return True
+    g.full, g.k, g.roles = None, 0, {}
+    return False
+
+
+def _place(region, groups, group_of, last_read, j: int) -> int | None:
+    """The index of the group node j joins, or None for a new group.
+
+    A group runs after every group before it, so j may join an earlier group only if all
+    it reads is computed by then, and a group of another shape only if it reads a value
+    computed there; a node writing a tensor's memory (`target`) joins only
+    after every group that reads the old value, and its group keeps one shape (Note
+    [In-place ops] in recording.py). Reductions and row groups only extend the last group.
+    """
+    node = region.nodes[j]
+    if not groups:
+        return None
+    last = len(groups) - 1
+    g = groups[last]
+    if _is_red(node):
+        in_shape = _in_shape(region, node)
+        if g.full is not None:
+            return last if _joins_row(g, region, j) else None
+        return last if g.shape == in_shape and not g.fixed and \
+            _to_row_group(g, region, j, in_shape) else None
+    if g.full is not None:
+        return last if node.target is None and _joins_row(g, region, j) else None
+    reads = {group_of[ref] for kind, ref in node.refs if kind == "n"}
+    lowest = max(reads, default=0)
+    if node.target is not None:
+        lowest = max(lowest, last_read.get(node.target, 0))
+    for gi in range(last, lowest - 1, -1):
+        g = groups[gi]
+        if g.full is not None:
+            continue
+        shape = _broadcast(g.shape, node.shape)
+        if shape is None or (shape != g.shape and shape != node.shape):
+            continue
+        if node.shape != g.shape and gi not in reads:
+            continue  # a loop over another shape gains only if it saves writing an input
+        if g.fixed and shape != g.shape:
+            continue  # it writes memory that it reads: one loop shape
+        if node.target is not None and shape != node.shape:
+            continue
+        g.shape = shape
+        g.fixed = g.fixed or node.target is not None
+        return gi
+    return None
+
+
 def _plan(region, alive: list[bool]) -> Plan:
     nodes = region.nodes
     needed = list(alive)
@@ -78,37 +190,54 @@ def _plan(region, alive: list[bool]) -> Plan:
                 if kind == "n":
                     needed[ref] = True
     groups: list[Group] = []
-    group_of: dict[int, Group] = {}
+    group_of: dict[int, int] = {}  # node -> index of its group
+    last_read: dict[int, int] = {}  # region input -> the last group reading it
     for j, node in enumerate(nodes):
         if not needed[j]:
             continue  # dead: nothing reads it, nothing will
-        g = groups[-1] if groups else None
-        shape = _broadcast(g.shape, node.shape) if g is not None else None
-        if shape is not None and (shape == g.shape or shape == node.shape):
-            g.nodes.append(j)
-            g.shape = shape
-        else:
+        gi = _place(region, groups, group_of, last_read, j)
+        if gi is None:
             g = Group(j, node.shape)
+            if _is_red(node):
+                g.full, g.k = _in_shape(region, node), len(node.op.dims)
+                g.roles[j] = "red" if node.op.keepdim else "out"
+            g.fixed = node.target is not None
             groups.append(g)
-        group_of[j] = g
+            gi = len(groups) - 1
+        else:
+            groups[gi].nodes.append(j)
+        group_of[j] = gi
+        for kind, ref in node.refs:
+            if kind == "i":
+                last_read[ref] = max(last_read.get(ref, -1), gi)
     crossing = set()  # results read by a later group: written even if no tensor holds them
     for k in group_of:
         for kind, ref in nodes[k].refs:
-            if kind == "n" and group_of[ref] is not group_of[k]:
+            if kind == "n" and group_of[ref] != group_of[k]:
                 crossing.add(ref)
     for g in groups:
         g.stored = [j for j in g.nodes if alive[j] or j in crossing]
-        if len(g.nodes) > 1:
+        if g.full is not None:
+            g.shape = g.full
+            if len(g.nodes) > 1:
+                _lay_out_row(region, g)
+        elif len(g.nodes) > 1:
             _lay_out(region, g)
     return Plan(groups)
 
 
-def _lay_out(region, g: Group) -> None:
-    """The fused kernel's spec and argument sources for group `g` (None spec: op by op)."""
-    nodes, shape = region.nodes, g.shape
-    n = prod(shape)
-    if n == 0:
-        return
+def _load_code(node, dtype) -> str:
+    """The loader format of an operand: casts and reductions load without auto-cast, as
+    their eager kernels do."""
+    if node.op is plans.CONVERT or _is_red(node):
+        return numerics.CODE[dtype]
+    return numerics.load_code(dtype)
+
+
+def _operands(region, g: Group, roles=None):
+    """Each node's (op, operands, compute, out_code) spec part, the arrays and scalars the
+    kernel reads, and the bytes plain eager would move for these ops."""
+    nodes = region.nodes
     local = {j: i for i, j in enumerate(g.nodes)}
     arrays: list = []  # ("i", m) or ("n", j): tensors read element by element
     scalars: list = []  # ("t", source) 0-dim tensors or ("s", node, k) host scalars
@@ -118,18 +247,20 @@ def _lay_out(region, g: Group) -> None:
     for j in g.nodes:
         node = nodes[j]
         operands = []
+        size = prod(node.shape if roles is None else _in_shape(region, node) if _is_red(node)
+                    else node.shape)
         bytes_eager += prod(node.shape) * T.STORAGE_DTYPE[node.dtype].itemsize
         refs = list(node.refs) + [("p", k) for k in range(len(node.params))]
         for kind, ref in refs:
             if kind == "n" and ref in local:
                 src = nodes[ref]
-                operands.append(("v", local[ref], numerics.load_code(src.dtype)))
-                bytes_eager += prod(node.shape) * T.STORAGE_DTYPE[src.dtype].itemsize
+                operands.append(("v", local[ref], _load_code(node, src.dtype)))
+                bytes_eager += size * T.STORAGE_DTYPE[src.dtype].itemsize
             elif kind in ("n", "i"):
                 dtype, ishape = (nodes[ref].dtype, nodes[ref].shape) if kind == "n" else \
                     region.descs[ref][:2]
-                code = numerics.load_code(dtype)
-                if len(ishape) == 0:
+                code = _load_code(node, dtype)
+                if len(ishape) == 0 and not _is_red(node):
                     k = scalar_index.setdefault((kind, ref), len(scalars))
                     if k == len(scalars):
                         scalars.append(("t", kind, ref))
@@ -139,17 +270,36 @@ def _lay_out(region, g: Group) -> None:
                     if k == len(arrays):
                         arrays.append((kind, ref))
                     operands.append(("a", k, code))
-                    bytes_eager += prod(node.shape) * T.STORAGE_DTYPE[dtype].itemsize
+                    bytes_eager += size * T.STORAGE_DTYPE[dtype].itemsize
             else:  # a Python scalar operand ("s", k) or parameter ("p", k)
                 k = ref if kind == "s" else len(node.raw) + ref
                 operands.append(("s", len(scalars)))
                 scalars.append(("s", j, k))
-        specs.append((node.op, tuple(operands), node.compute, numerics.CODE[node.dtype]))
+        out_code = numerics.CODE[node.dtype]
+        if roles is None:
+            specs.append((node.op, tuple(operands), node.compute, out_code))
+        else:
+            op = node.op.name if _is_red(node) else node.op
+            role = "red" if roles[j] == "out" else roles[j]  # "out": a reduction not read here
+            specs.append((role, op, tuple(operands), node.compute, out_code))
+    return local, specs, arrays, scalars, bytes_eager
+
+
+def _lay_out(region, g: Group) -> None:
+    """The fused kernel's spec and argument sources for elementwise group `g` (None spec:
+    op by op)."""
+    nodes, shape = region.nodes, g.shape
+    n = prod(shape)
+    if n == 0:
+        return
+    local, specs, arrays, scalars, bytes_eager = _operands(region, g)
     # strides (in elements) of every array over the group shape: outputs, then inputs
     strides = []
     for j in g.stored:
         node = nodes[j]
-        strides.append(_strides_in(node.shape, T.contiguous_strides(node.shape), shape))
+        stride = region.descs[node.target][2] if node.target is not None else \
+            T.contiguous_strides(node.shape)
+        strides.append(_strides_in(node.shape, stride, shape))
     for kind, ref in arrays:
         if kind == "n":
             ishape = nodes[ref].shape
@@ -168,14 +318,58 @@ def _lay_out(region, g: Group) -> None:
         views = [(tuple([1] * pad + cshape), tuple([0] * pad + st)) for st in cstrides]
     stores = tuple((local[j], k) for k, j in enumerate(g.stored))
     g.spec = (layout, tuple(specs), stores, len(g.stored), len(arrays), len(scalars))
+    _finish(region, g, views, arrays, scalars, n * _itemsizes(region, g, arrays), bytes_eager)
+
+
+def _itemsizes(region, g: Group, arrays) -> int:
+    nodes = region.nodes
+    return sum(T.STORAGE_DTYPE[nodes[j].dtype].itemsize for j in g.stored) + sum(
+        T.STORAGE_DTYPE[nodes[r].dtype if kind == "n" else region.descs[r][0]].itemsize
+        for kind, r in arrays)
+
+
+def _finish(region, g: Group, views, arrays, scalars, moved: int, bytes_eager: int) -> None:
     g.arrays = (views, arrays)
     g.scalars = scalars
+    nodes = region.nodes
     g.engine = "scalar" if any(nodes[j].op.engine == "scalar" for j in g.nodes) else "vector"
-    itemsize = [T.STORAGE_DTYPE[nodes[j].dtype].itemsize for j in g.stored] + [
-        T.STORAGE_DTYPE[nodes[r].dtype if kind == "n" else region.descs[r][0]].itemsize
-        for kind, r in arrays]
-    g.moved = n * sum(itemsize)
-    g.not_moved = max(0, bytes_eager - g.moved)
+    g.moved = moved
+    g.not_moved = max(0, bytes_eager - moved)
+
+
+def _lay_out_row(region, g: Group) -> None:
+    """The row kernel's spec and 2-D views for row group `g` (None spec: op by op)."""
+    nodes, full, k = region.nodes, g.full, g.k
+    if prod(full) == 0:
+        return
+    local, specs, arrays, scalars, bytes_eager = _operands(region, g, g.roles)
+    split = len(full) - k
+    rows_shape = full[:split]
+    strides, sizes = [], []
+    for j in g.stored:
+        node = nodes[j]
+        if g.roles[j] in ("red", "out"):  # the reduced result: rows contiguous
+            strides.append(list(T.contiguous_strides(rows_shape)) + [0] * k)
+        else:
+            strides.append(_strides_in(node.shape, T.contiguous_strides(node.shape), full))
+        sizes.append(prod(node.shape) * T.STORAGE_DTYPE[node.dtype].itemsize)
+    for kind, ref in arrays:
+        if kind == "n":
+            dtype, ishape = nodes[ref].dtype, nodes[ref].shape
+            istride = T.contiguous_strides(ishape)
+        else:
+            dtype, ishape, istride = region.descs[ref]
+        strides.append(_strides_in(ishape, istride, full))
+        sizes.append(prod(ishape) * T.STORAGE_DTYPE[dtype].itemsize)
+    rshape, rstrides = kernelgen.coalesce(list(rows_shape) or [1], [st[:split] or [0]
+                                                                    for st in strides])
+    cshape, cstrides = kernelgen.coalesce(list(full[split:]), [st[split:] for st in strides])
+    if len(rshape) > 1 or len(cshape) > 1:
+        return  # rows or columns that no single stride walks: op by op
+    views = [((rshape[0], cshape[0]), (rs[0], cs[0])) for rs, cs in zip(rstrides, cstrides)]
+    stores = tuple((local[j], n) for n, j in enumerate(g.stored))
+    g.spec = ("r", tuple(specs), stores, len(g.stored), len(arrays), len(scalars))
+    _finish(region, g, views, arrays, scalars, sum(sizes), bytes_eager)
 
 
 def _view(t, shape: tuple, strides: tuple):
@@ -194,8 +388,20 @@ def _run_ops(region, values, g: Group) -> None:
         node = region.nodes[j]
         operands = [node.raw[ref] if kind == "s" else _resolve(region, values, kind, ref)
                     for kind, ref in node.refs]
-        values[j] = E.run(node.op, operands, node.params)
+        if node.runner is not None:
+            values[j] = node.runner(operands, node.params, node.dtype)
+        elif node.inplace:  # as the in-place kernel does: computed, then rounded into out
+            values[j] = E.run(node.op, operands, node.params, out=_output(region, node))
+        else:
+            values[j] = E.run(node.op, operands, node.params)
         stats["unfused_ops"] += 1
+
+
+def _output(region, node):
+    """Where node's result goes: the memory of the tensor it updates in place, or new."""
+    if node.target is not None:
+        return region.inputs[node.target]
+    return T.new_contiguous(node.shape, node.dtype)
 
 
 def _run_fused(region, values, g: Group) -> str | None:
@@ -206,7 +412,8 @@ def _run_fused(region, values, g: Group) -> str | None:
     compiled = False
     if kernel is None:
         label = "+".join(nodes[j].op.name for j in g.nodes)
-        kernel, compiled = codegen.kernel_for(g.spec, label)
+        kernel, compiled = codegen.kernel_for(
+            g.spec, label, rowgen.source if g.spec[0] == "r" else codegen.source)
         g.kernel = kernel
     if kernel is codegen.FAILED:
         return None
@@ -214,7 +421,7 @@ def _run_fused(region, values, g: Group) -> str | None:
     args = []
     for k, j in enumerate(g.stored):
         node = nodes[j]
-        out = values[j] = T.new_contiguous(node.shape, node.dtype)
+        out = values[j] = _output(region, node)
         args.append(_view(out, *views[k]))
     base = len(g.stored)
     for k, (kind, ref) in enumerate(sources):
@@ -236,6 +443,8 @@ def _run_fused(region, values, g: Group) -> str | None:
         n = args[0].shape[0]
         if g.spec[0] == "c" and n >= E.SPLIT_MIN:
             E._split_call(kernel, args[0], args[1:])
+        elif g.spec[0] == "r" and n > 1 and prod(g.shape) >= E.SPLIT_MIN:
+            E._split_call(kernel, args[0], args[1:])  # slices of rows: each 2-D view splits
         else:
             kernel(*args)
         stats["cache_hits"] += 1
@@ -275,9 +484,12 @@ def run_region(region, reason: str) -> None:
                                  f"{node.where[0]}:{node.where[1]} failed: {e}")
             for later in nodes:
                 later.error = repr(e)  # a string: no traceback (and its frames) kept alive
+                if later.target is not None:  # the tensor gets its memory back
+                    values.setdefault(later.index, region.inputs[later.target])
+            _give_storage(nodes, values, range(len(nodes)))
             raise error from e
         finally:
-            _give_storage(nodes, values, g)
+            _give_storage(nodes, values, g.nodes)
         modes.append(mode)
     stats["ops_recorded"] += len(nodes)
     stats["regions"] += 1
@@ -289,8 +501,8 @@ def run_region(region, reason: str) -> None:
          mode, prod(g.shape)) for g, mode in zip(plan.groups, modes)]))
 
 
-def _give_storage(nodes, values, g: Group) -> None:
-    for j in g.nodes:
+def _give_storage(nodes, values, indices) -> None:
+    for j in indices:
         result = values.get(j)
         if result is None:
             continue

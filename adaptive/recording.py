@@ -10,6 +10,7 @@ kernels) flushes through the tensor's pending hook. One region is shared by all 
 """
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -18,9 +19,12 @@ import torch
 
 from neuron_eager.device_sim import config
 from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import foreach
 from neuron_eager.ops import numerics, sourceline
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.router import count_native
+
+from . import plans
 
 NeuronTensor = T.NeuronTensor
 aten = torch.ops.aten
@@ -32,7 +36,7 @@ class Options:
     """The adaptive policy's knobs (change at run time: `adaptive.options.max_ops = 64`)."""
 
     compile_after: int = 2  # sightings of a region before it runs as fused kernels
-    max_ops: int = 32  # a region this long is flushed (the buffer limit)
+    max_ops: int = 256  # a region this long is flushed (the buffer limit)
 
 
 options = Options()
@@ -48,7 +52,8 @@ class Node:
     """
 
     __slots__ = ("index", "op", "refs", "params", "scalars", "raw", "dtype", "compute",
-                 "shape", "outs", "where", "key", "region", "error")
+                 "shape", "outs", "where", "key", "region", "error", "runner", "inplace",
+                 "target")
 
     def alive(self) -> bool:
         return any(ref() is not None for ref in self.outs)
@@ -109,9 +114,31 @@ def _record(plan, args, kwargs):
     """Record one fusible op; None when it should run eagerly instead."""
     if config.stochastic_rounding:
         return None
-    op, operands, params = plan(*args, **kwargs)  # the kernel's own checks, raised here
-    region = _region
-    refs, scalars, raw, shapes = [], [], [], []
+    planned = plan(*args, **kwargs)  # the kernel's own checks, raised here
+    if planned is None:
+        return None
+    op, operands, params = planned[0], planned[1], planned[2]
+    refs, raw, shapes = _refs(_region, operands)
+    if refs is None:
+        return None
+    typed = len(planned) > 3 and planned.dtype is not None
+    dtype, compute = (planned.dtype, planned.compute or numerics.compute_type(planned.dtype)) \
+        if typed else E.dtypes_for(op, operands)
+    shape = planned.shape if typed and planned.shape is not None else E.broadcast_shape(shapes)
+    if 0 in shape:
+        return None
+    out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE)
+    node = _add_node(op, refs, params, raw, dtype, compute, shape, out)
+    node.runner = planned.runner if typed else None
+    if len(_region.nodes) >= options.max_ops:
+        flush("buffer limit")
+    return out
+
+
+def _refs(region, operands):
+    """Operand refs of a new node, the raw scalars, the tensor shapes (refs None: no tensor
+    operand, run eagerly)."""
+    refs, raw, shapes = [], [], []
     for a in operands:
         kind = type(a)
         if kind is NeuronTensor:
@@ -130,12 +157,12 @@ def _record(plan, args, kwargs):
         else:
             refs.append(("s", len(raw)))
             raw.append(a)
-    if not shapes:
-        return None
-    dtype, compute = E.dtypes_for(op, operands)
-    shape = E.broadcast_shape(shapes)
-    if 0 in shape:
-        return None
+    return (refs if shapes else None), raw, shapes
+
+
+def _add_node(op, refs, params, raw, dtype, compute, shape, out, target=None,
+              inplace=False) -> Node:
+    region = _region
     cast = numerics.SCALAR_CAST[compute]
     scalars = [cast(v.item() if isinstance(v, torch.Tensor) else v) for v in raw]
     node = Node()
@@ -143,16 +170,73 @@ def _record(plan, args, kwargs):
     node.op, node.refs, node.params, node.raw = op, refs, list(params), raw
     node.scalars = scalars + [cast(p) for p in params]
     node.dtype, node.compute, node.shape = dtype, compute, shape
+    node.runner, node.target, node.inplace = None, target, inplace
     node.key = (op, tuple(r if r[0] != "s" else ("s",) for r in refs), len(params), dtype,
-                shape)
+                shape, compute, node.inplace, target)
     node.where = _where()
-    out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE)
     out._node = node
     node.outs = [weakref.ref(out)]
     region.nodes.append(node)
+    return node
+
+
+_DATA = ("_storage", "_nd", "_flat", "_key")
+
+
+def _record_inplace(plan, args, kwargs):
+    """Record an in-place fusible op on `a = args[0]`; None to run it eagerly.
+
+    `a` is recorded only when nothing else can see its memory: a pending result held by
+    `a` alone, or a tensor whose storage no other tensor (a view, an alias, a saved
+    tensor) holds. Its data fields then move to a stand-in that the region reads and
+    writes, and `a` becomes pending, so any read of `a` flushes (Note [In-place ops]).
+    """
+    a = args[0]
+    if config.stochastic_rounding or type(a) is not NeuronTensor:
+        return None
+    op, operands, params = plan(*args, **kwargs)
+    if not operands or operands[0] is not a or a.numel() == 0:
+        return None
+    promoted, compute = E.dtypes_for(op, operands)
+    if not torch.can_cast(promoted, a.dtype):
+        return None  # the eager kernel raises
+    shapes = [o.shape for o in operands if type(o) is NeuronTensor]
+    if E.broadcast_shape(shapes + [a.shape]) != tuple(a.shape):
+        return None
+    region = _region
+    d = a.__dict__
+    old = d.get("_node")
+    if old is not None:
+        if old.region != region.serial or len([r for r in old.outs if r() is not None]) != 1:
+            return None
+        refs, raw, _ = _refs(region, operands)
+        target, old.target = old.target, None  # only the last writer writes a's memory
+        old.outs = [r for r in old.outs if r() is not a]
+    else:
+        storage = d.get("_storage")
+        if storage is None or sys.getrefcount(storage) > 3:  # d, `storage`, the call's arg
+            return None
+        refs, raw, _ = _refs(region, operands)
+        target = region.input(a)
+        region.inputs[target] = T.make(storage, a.shape, a.stride(), a.storage_offset(),
+                                       a.dtype)
+        del region.input_index[id(a)]  # later reads of `a` name the node
+        del storage
+        for name in _DATA:
+            d.pop(name, None)
+    _add_node(op, refs, params, raw, a.dtype, compute, tuple(a.shape), a, target, True)
     if len(region.nodes) >= options.max_ops:
         flush("buffer limit")
-    return out
+    return a
+
+
+# Note [In-place ops]
+# Plain eager writes an in-place result straight into the tensor, rounded once from the
+# promoted compute type to the tensor's dtype; the recorded node does the same. Reads of
+# the old value come before the write in the region, and a fused group writing memory
+# that it also reads keeps one shape and one layout for both (fusion._place), so each
+# element is read before it is written. A second in-place op on the same tensor makes the
+# first one's result an ordinary value: only the last writer writes.
 
 
 def _detach(t: NeuronTensor):
@@ -189,7 +273,9 @@ def _must_flush(func, args, kwargs) -> bool:
     return False
 
 
-_FUSIBLE = E.FUSIBLE
+_FUSIBLE: dict = {}  # the elementwise table and plans.PLANS, merged by install()
+_INPLACE = E.FUSIBLE_INPLACE
+_FOREACH = foreach.FOREACH_KERNELS
 _DETACH = aten.detach.default
 
 
@@ -204,6 +290,13 @@ def dispatch(func, args, kwargs):
             if out is not None:
                 count_native(func)  # get_executed_ops() counts it, as plain eager would
                 return out
+        elif func in _INPLACE:
+            out = _record_inplace(_INPLACE[func], args, kwargs)
+            if out is not None:
+                count_native(func)
+                return out
+        elif func in _FOREACH:  # its per-tensor ops come back through per_tensor()
+            return _inner(func, args, kwargs)
         if _region.nodes:
             node = pending_node(args[0]) if func is _DETACH else None
             if node is not None and node.region == _region.serial:
@@ -211,6 +304,24 @@ def dispatch(func, args, kwargs):
             if _must_flush(func, args, kwargs):
                 flush(func.name())
     return _inner(func, args, kwargs)
+
+
+def per_tensor(func, args, kwargs):
+    """A foreach kernel's per-tensor op (ops/foreach.py calls it while adaptive eager is on):
+    recorded like a user's op, or run after the flush it needs; not counted again."""
+    with _lock:
+        plan = _FUSIBLE.get(func)
+        if plan is not None:
+            out = _record(plan, args, kwargs)
+            if out is not None:
+                return out
+        elif func in _INPLACE:
+            out = _record_inplace(_INPLACE[func], args, kwargs)
+            if out is not None:
+                return out
+        if _region.nodes and _must_flush(func, args, kwargs):
+            flush(func.name())
+    return foreach.direct(func, args, kwargs)
 
 
 def flush(reason: str = "flush") -> None:
@@ -239,6 +350,9 @@ def materialize(t: NeuronTensor) -> None:
 
 def install() -> None:
     global _inner, _installed, active
+    _FUSIBLE.update(E.FUSIBLE)
+    _FUSIBLE.update(plans.PLANS)
+    foreach.per_tensor = per_tensor
     active = True
     if not _installed:  # else still in the chain, under a dispatcher installed later
         _inner, _installed = T._dispatcher, True
@@ -250,6 +364,7 @@ def uninstall() -> None:
     global _installed, active
     flush("adaptive eager off")
     active = False
+    foreach.per_tensor = None
     if T._dispatcher is dispatch:  # plain eager pays nothing for adaptive eager being off
         T.set_dispatcher(_inner)
         _installed = False

@@ -9,6 +9,7 @@ reserved <= capacity, and a failed allocation changes no statistic but
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import defaultdict
 
@@ -100,6 +101,10 @@ class CachingAllocator:
         self._segment_peak_all = 0
         self._counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 0,
                           "num_device_free": 0}
+        # A debugging aid (tests turn it on): every block handed out is filled with 0xFF
+        # bytes (NaN for floats, -1 for ints), so a kernel that leaves part of its output
+        # unwritten shows garbage instead of the values a cached block happened to hold.
+        self.poison = os.environ.get("NEURON_EAGER_HBM_POISON", "0") == "1"
 
     # -- public interface -------------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:
@@ -112,6 +117,8 @@ class CachingAllocator:
                 block = self._new_block(size, nbytes)
             block.requested = nbytes
             block.in_use = True
+            if self.poison:
+                block.buffer.fill(0xFF)
             v = self._live
             i = _FIELDS if size < SMALL_LIMIT else 0
             j = _FIELDS - i

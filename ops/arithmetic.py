@@ -65,6 +65,11 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
 
         forward_.checks_devices = True
 
+        @E.fusible_inplace(*inplace)  # the same choice as `forward_`
+        def plan_(*args, **kwargs):
+            ops, values = parse(args, kwargs)
+            return op, ops, values
+
     return op
 
 
@@ -220,6 +225,11 @@ def floor_divide_(x, y):
 
 @njit
 def _pow(x, y):
+    # squares and cubes as products, as PyTorch's CPU kernel does (same bits, no powf call)
+    if y == 2:
+        return x * x
+    if y == 3:
+        return x * x * x
     return x ** y
 
 

@@ -35,6 +35,33 @@ class Elementwise:
     engine: str = "vector"  # the engine a Trainium kernel would use
     float_only: bool = False  # refuse integer/bool inputs as PyTorch does
 
+    def __post_init__(self):
+        if self.fn is not None:  # (None: a typing stand-in, never run)
+            _register_name(self)
+
+
+# Note [Ops by name]
+# Generated kernel files name the scalar functions they call by op name (a kernel file on
+# disk cannot hold a function object), so a name must mean one function. A second op with a
+# name already taken is accepted only if it is the same definition (same fields, module,
+# bytecode and constants, no closure): then the name keeps meaning the first one. (Today:
+# "div", defined twice in arithmetic.py.)
+OPS_BY_NAME: dict = {}
+
+
+def _register_name(op: "Elementwise") -> None:
+    first = OPS_BY_NAME.setdefault(op.name, op)
+    if first is not op and _definition(first) != _definition(op):
+        raise ValueError(f"two different elementwise ops are named {op.name!r}")
+
+
+def _definition(op: "Elementwise"):
+    fn = getattr(op.fn, "py_func", op.fn)
+    code = fn.__code__
+    no_closure = fn.__closure__ is None or object()  # a closure never matches: cells differ
+    return (op.nparams, op.kind, op.engine, op.float_only, fn.__module__, code.co_code,
+            code.co_consts, code.co_names, no_closure)
+
 
 def _proxy(key):
     """A CPU stand-in with the same promotion category as the operand `key` describes."""
@@ -123,6 +150,21 @@ def fusible(*overloads):
     return register_plan
 
 
+# In-place forms whose kernel is exactly `run(op, operands, params, out=operands[0])`.
+FUSIBLE_INPLACE: dict = {}
+
+
+def fusible_inplace(*overloads):
+    """Declare the plan of in-place `overloads` (see FUSIBLE): the kernel writes the result,
+    computed in the promoted type, into its first operand."""
+    def register_plan(plan):
+        for overload in overloads:
+            FUSIBLE_INPLACE[overload] = plan
+        return plan
+
+    return register_plan
+
+
 def result_type(*operands) -> torch.dtype:
     """torch.result_type for neuron operands, without dispatching."""
     return dtypes_for(_PROMOTE, operands)[0]
@@ -135,7 +177,8 @@ _fast_plans: dict = {}
 # the engines' 128 partitions work side by side. Stochastic kernels don't split: their noise
 # is seeded per launch on the calling thread (Note [stochastic rounding noise]).
 SPLIT_MIN = 1 << 18
-_WORKERS = min(os.cpu_count() or 1, 8)
+_WORKERS = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1, 8)  # the cores this process may run on
 _pool: ThreadPoolExecutor | None = None
 
 

@@ -14,8 +14,20 @@ from neuron_eager.ops.registry import KERNELS, register
 aten = torch.ops.aten
 
 
+# Adaptive eager sets this to record the per-tensor ops (adaptive/recording.per_tensor).
+per_tensor = None
+
+
 def call(op, *args, **kwargs):
     """Run one per-tensor aten op: its registered kernel if any, else through dispatch."""
+    if per_tensor is not None:
+        return per_tensor(op, args, kwargs)
+    kernel = KERNELS.get(op)
+    return kernel(*args, **kwargs) if kernel is not None else op(*args, **kwargs)
+
+
+def direct(op, args, kwargs):
+    """`call` without the adaptive hook."""
     kernel = KERNELS.get(op)
     return kernel(*args, **kwargs) if kernel is not None else op(*args, **kwargs)
 
@@ -219,3 +231,7 @@ def foreach_zero_(tensors):
 def foreach_clone(tensors, *, memory_format=None):
     _check(tensors)
     return [call(aten.clone.default, t, memory_format=memory_format) for t in tensors]
+
+
+# The foreach kernels of this module: each reaches memory only through `call`.
+FOREACH_KERNELS = frozenset(op for op in KERNELS if op.name().startswith("aten::_foreach_"))

@@ -4,6 +4,16 @@ import torch
 import neuron_eager
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_cache_dir(tmp_path_factory):
+    """Fused kernels cached on disk (and by subprocesses) go to this session's temp folder,
+    never to the user's ~/.cache."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("NEURON_EAGER_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_tracking():
     """Each test starts with clean op counters and the CPU fallback switched on."""

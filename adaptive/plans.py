@@ -1,0 +1,168 @@
+"""What adaptive eager records beyond the elementwise table: casts, where, clamp, reductions.
+
+A plan gets an op's (args, kwargs) and returns a `Planned` (what to record, typed the way
+the eager kernel types it, with the eager kernel's errors raised now) or None when this
+call should simply run eagerly (an unusual form: tensor bounds, a cast to int, a reduction
+over leading dims...). Eager and recorded forms compute the same bits: a plan only accepts
+calls whose eager kernel is exactly the recorded loop (Note [Bit-identical fusion]).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+from numba import njit
+
+from neuron_eager.device_sim import config
+from neuron_eager.ops import arithmetic, copy, numerics, reduction
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import tensor as T
+
+aten = torch.ops.aten
+NeuronTensor = T.NeuronTensor
+
+
+class Planned(NamedTuple):
+    op: object  # an Elementwise, or a Reduction
+    operands: list
+    params: list
+    dtype: torch.dtype | None = None  # None: PyTorch's promotion of the operands decides
+    compute: str | None = None
+    shape: tuple | None = None  # a reduction's result shape
+    runner: Callable | None = None  # runner(operands, params, dtype): the eager kernel
+
+
+@dataclass(frozen=True, eq=False)
+class Reduction:
+    """sum/mean/amax over the trailing `dims` of one operand (a region's last stage).
+
+    `eager(x)` runs the plain-eager kernel; the fused row kernel (adaptive/rowgen.py)
+    repeats its accumulation order exactly: blocks of reduction.BLOCK elements for sums,
+    first-NaN-wins for amax. One instance per (name, dims, keepdim): it keys plans.
+    """
+
+    name: str  # "sum" | "mean" | "amax"
+    dims: tuple
+    keepdim: bool
+    engine: str = "vector"
+    fn: None = None
+    nparams: int = 0
+
+    def eager(self, x: NeuronTensor) -> NeuronTensor:
+        kernel = {"sum": reduction.sum_dim, "mean": reduction.mean_dim,
+                  "amax": reduction.amax}[self.name]
+        return kernel(x, list(self.dims), self.keepdim)
+
+
+_reductions: dict = {}
+
+
+CONVERT = E.Elementwise("convert", numerics.identity)  # a dtype cast: load, then store
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+PLANS: dict = {}
+
+
+def plan(*overloads):
+    def register_plan(fn):
+        for overload in overloads:
+            PLANS[overload] = fn
+        return fn
+    return register_plan
+
+
+@plan(aten._to_copy.default)
+def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    if (type(x) is not NeuronTensor or dtype is None or dtype == x.dtype
+            or x.dtype not in _FLOATS or dtype not in _FLOATS or layout not in (None, torch.strided)
+            or (device is not None and torch.device(device).type != T.DEVICE.type)
+            or memory_format not in (None, torch.preserve_format)
+            or config.auto_cast == "all"):  # the eager cast loads without auto-cast
+        return None
+    return Planned(CONVERT, [x], [], dtype, "f32", None,
+                   lambda ops, params, to: copy._to_copy(ops[0], dtype=to))
+
+
+# x ** 2 and x ** 3 are products in the pow kernel (ops/arithmetic._pow); recorded as their
+# own ops they leave no powf call in a fused loop, which would keep LLVM from vectorizing it.
+SQUARE = E.Elementwise("square", njit(lambda x: x * x))
+CUBE = E.Elementwise("cube", njit(lambda x: x * x * x))
+
+
+@plan(aten.pow.Tensor_Scalar)
+def pow_scalar(x, exponent):
+    generic = E.FUSIBLE[aten.pow.Tensor_Scalar]
+    if type(exponent) not in (int, float) or exponent not in (2, 3):
+        return generic(x, exponent)
+    op, operands, params = generic(x, exponent)
+    dtype, compute = E.dtypes_for(op, operands)
+    return Planned(SQUARE if exponent == 2 else CUBE, [x], [], dtype, compute, None,
+                   lambda ops, params, to: E.run(op, [ops[0], exponent]))
+
+
+@plan(aten.where.self)
+def where(condition, x, y):
+    if not isinstance(condition, torch.Tensor) or condition.dtype not in (torch.bool, torch.uint8):
+        return None  # the eager kernel raises
+    dtype = E.result_type(x, y)
+    return Planned(arithmetic._WHERE, [condition, x, y], [], dtype, numerics.compute_type(dtype),
+                   None, lambda ops, params, to: arithmetic.where(*ops))
+
+
+def _clamp(x, lo, hi):
+    if type(x) is not NeuronTensor or (lo is None and hi is None) or \
+            isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+        return None
+    dtype, _ = E.dtypes_for(arithmetic._CLAMP, [x] + [v for v in (lo, hi) if v is not None])
+    if dtype != x.dtype:
+        return None  # eager casts first
+    return Planned(arithmetic._CLAMP, [x], [0 if lo is None else lo, 0 if hi is None else hi,
+                                             lo is not None, hi is not None],
+                   runner=lambda ops, params, to: arithmetic._clamp_run(ops[0], lo, hi))
+
+
+plan(aten.clamp.default)(lambda x, min=None, max=None: _clamp(x, min, max))
+plan(aten.clamp_min.default)(lambda x, min: _clamp(x, min, None))
+plan(aten.clamp_max.default)(lambda x, max: _clamp(x, None, max))
+
+
+def _reduce(name, x, dim, keepdim, dtype):
+    if type(x) is not NeuronTensor or x.dtype not in _FLOATS or x.numel() == 0 or \
+            (dtype is not None and dtype != x.dtype):
+        return None
+    dims = reduction.wrap_dims(x, dim)  # raises as the CPU does
+    nd = x.dim()
+    if dims != tuple(range(nd - len(dims), nd)) or not dims:
+        return None  # only trailing dims: a row kernel's rows
+    shape = tuple(reduction.out_shape(x, dims, keepdim))
+    key = (name, dims, keepdim)
+    op = _reductions.get(key)
+    if op is None:
+        op = _reductions[key] = Reduction(name, dims, keepdim)
+    return Planned(op, [x], [], x.dtype, "f32", shape, lambda ops, params, to: op.eager(ops[0]))
+
+
+@plan(aten.sum.dim_IntList)
+def sum_dim(x, dim, keepdim=False, *, dtype=None):
+    return _reduce("sum", x, dim, keepdim, dtype)
+
+
+@plan(aten.sum.default)
+def sum_all(x, *, dtype=None):
+    return _reduce("sum", x, None, False, dtype)
+
+
+@plan(aten.mean.dim)
+def mean_dim(x, dim, keepdim=False, *, dtype=None):
+    return _reduce("mean", x, dim, keepdim, dtype)
+
+
+@plan(aten.mean.default)
+def mean_all(x, *, dtype=None):
+    return _reduce("mean", x, None, False, dtype)
+
+
+@plan(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    return _reduce("amax", x, dim, keepdim, None)

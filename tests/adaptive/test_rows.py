@@ -1,0 +1,114 @@
+"""Row kernels: elementwise ops fused with sum/mean/amax over trailing dims, and the other
+recorded forms (casts, where, clamp), bit-identical to plain eager."""
+import pytest
+import torch
+
+from neuron_eager import adaptive
+from neuron_eager.adaptive import recording
+
+from test_adaptive import both_modes
+
+N = torch.device("neuron")
+
+
+@pytest.fixture(autouse=True)
+def _fuse_at_once():
+    saved = recording.options.compile_after
+    recording.options.compile_after = 1
+    yield
+    recording.options.compile_after = saved
+    adaptive.disable()
+
+
+def softmax(x):
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def layer_norm(x, w, b):
+    mean = x.mean(-1, keepdim=True)
+    xc = x - mean
+    var = (xc * xc).mean(-1, keepdim=True)
+    return xc / torch.sqrt(var + 1e-5) * w + b
+
+
+def rms_norm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _inputs(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    w = torch.randn(shape[-1], generator=g).to(dtype)
+    b = torch.randn(shape[-1], generator=g).to(dtype)
+    return x.to(N), w.to(N), b.to(N)
+
+
+# rows shorter than, equal to and longer than a sum block (256), and several row dims
+@pytest.mark.parametrize("shape", [(3, 7), (4, 256), (2, 3, 600), (1, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_normalizations_fuse_into_one_kernel(shape, dtype):
+    x, w, b = _inputs(shape, dtype)
+    both_modes(softmax, x)
+    both_modes(layer_norm, x, w, b)
+    both_modes(rms_norm, x, w)
+    adaptive.enable()
+    adaptive.reset_stats()
+    layer_norm(x, w, b).cpu()
+    assert adaptive.stats()["kernels_launched"] == 1  # nine ops, one kernel
+
+
+@pytest.mark.parametrize("reduce", [
+    lambda t: (t * 2).sum(-1), lambda t: (t + 1).mean((-2, -1), keepdim=True),
+    lambda t: t.exp().sum(), lambda t: (t - 1).mean(), lambda t: t.abs().amax(-1),
+    lambda t: (t * t).sum((1, 2)), lambda t: torch.tanh(t).sum(-1, keepdim=True) * t])
+def test_reductions_end_regions(reduce):
+    x, _, _ = _inputs((3, 4, 300), torch.float32)
+    both_modes(reduce, x)
+    both_modes(reduce, x.transpose(0, 1))  # rows made of strided runs
+    both_modes(reduce, x.to(torch.bfloat16))
+
+
+def test_amax_keeps_the_first_nan_and_signed_zeros():
+    x = torch.tensor([[1.0, float("nan"), 3.0, float("inf")], [-0.0, 0.0, -1.0, -2.0],
+                      [float("-inf")] * 4], device=N)
+    both_modes(lambda t: (t * 1).amax(-1, keepdim=True) + t, x)
+
+
+def test_reduction_over_leading_dims_runs_eagerly():
+    x, _, _ = _inputs((5, 6), torch.float32)
+    both_modes(lambda t: (t * 2).sum(0) + 1, x)
+    both_modes(lambda t: (t * 2).amax((0, 1)), x)
+
+
+def test_non_keepdim_result_is_not_read_in_its_row_kernel():
+    x, _, _ = _inputs((8, 8), torch.float32)  # (8,) broadcasts over columns, not rows
+    both_modes(lambda t: (t * 2).sum(-1) + t, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_casts_where_and_clamp_fuse(dtype):
+    x, w, _ = _inputs((6, 40), dtype)
+    both_modes(lambda t: (t * 3).float().relu().to(torch.bfloat16) + 1, x)
+    both_modes(lambda t: torch.where(t > 0, t, t * 0.01).clamp(-0.5, 2.0), x)
+    both_modes(lambda t, u: torch.where(t > u, t, u).clamp_min(0.25).clamp_max(1.0), x, w)
+    adaptive.enable()
+    adaptive.reset_stats()
+    torch.where(x > 0, x, x * 0.01).clamp(-0.5, 2.0).cpu()
+    assert adaptive.stats()["kernels_launched"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_squares_and_cubes_are_products(dtype):
+    x = torch.arange(-6, 6, dtype=torch.float32).mul(0.7).to(dtype).to(N)
+    both_modes(lambda t: (t + 1) ** 2 - t ** 3.0 + t ** 0.5, x)
+    both_modes(lambda t: torch.pow(t * 2, 3) + torch.pow(t, 2.0), x)
+
+
+def test_errors_raise_at_record_time():
+    x, _, _ = _inputs((3, 4), torch.float32)
+    adaptive.enable()
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        (x * 2).sum(5)
+    with pytest.raises(RuntimeError, match="At least one of 'min' or 'max'"):
+        (x * 2).clamp()
