@@ -26,10 +26,12 @@ NeuronTensor = T.NeuronTensor
 # into the fp32 accumulator; alpha*acc + beta*C is formed in fp32 and rounded once to the
 # output dtype. Integer products accumulate exactly in int64 (in k order, tiled for the
 # cache) and wrap to the output dtype, as on the CPU.
-# The chunk product itself is BLAS sgemm on the staged chunk (fp32 registers, FMA): its
-# summation order within a chunk is the micro-kernel's, so float matmul bits may differ
-# between CPU models, as torch's own CPU results do. tests/ops/test_matmul.py checks the
-# chunk structure against a reference built from sgemm per chunk.
+# The chunk product itself is a BLAS sgemm (fp32 products and sums, FMA): OpenBLAS's through
+# np.dot on staged chunks in the Numba kernel for small products, MKL's through torch's CPU
+# addmm_ (beta=1) for large ones. The summation order within a chunk is the micro-kernel's,
+# so float matmul bits may differ between CPU models and between those two paths, as torch's
+# own CPU results do. tests/ops/test_matmul.py checks the chunk structure against a float64
+# reference on values whose chunk sums are exact in any order.
 TILE_K = 128
 TILE_M = 64  # cache blocking of the integer kernel only
 TILE_N = 256
@@ -247,27 +249,40 @@ def gemm_f32_kernel(out, a, b, c, g, alpha, beta):
                     out[obase + i * N + nn] = v
 
 
-def _blas_gemm(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """acc (B1, B2, M, N) = sum over BR and K-chunks of a (B1, B2, BR, M, K) @ b (.., K, N).
+def cpu_sgemm_is_fp32() -> bool:
+    """Whether torch's CPU fp32 matmuls compute in fp32: not when `fp32_precision` (or the
+    legacy `torch.set_float32_matmul_precision`) lets oneDNN use bf16 or tf32 inside them."""
+    mkldnn = torch.backends.mkldnn
+    return all(p in ("none", "ieee") for p in (torch.backends.fp32_precision,
+                                               mkldnn.fp32_precision, mkldnn.matmul.fp32_precision))
 
-    Computes the transposed product into acc's Fortran view: acc^T += b_chunk^T @ a_chunk^T.
-    Chunks are staged row-major (as DMA into SBUF) so sgemm always runs untransposed: its
-    transposed variants may use dot-product kernels that sum in another order.
+
+def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarray, b_shape,
+               b_strides) -> None:
+    """acc (B1, B2, M, N) = sum over BR and K-chunks of A (B1, B2, BR, M, K) @ B (.., K, N).
+
+    A and B are views (element strides, 0 broadcasts) of the flat fp32 arrays fa and fb.
+    Each chunk is one BLAS sgemm through torch's CPU addmm_ (MKL), beta=1 into the
+    accumulator: the micro-kernel sums the chunk's products in fp32 registers, then adds
+    that sum to acc (tests/ops/test_matmul.py checks this order). torch multiplies strided
+    chunks in place (no staging copies) and uses every core torch uses.
     """
-    from scipy.linalg.blas import sgemm  # LAPACK/BLAS come with SciPy; imported when first used
-
-    acc[...] = 0
-    K = a.shape[-1]
+    acc_t = torch.from_numpy(acc)
+    a = torch.from_numpy(fa).as_strided(a_shape, a_strides)
+    b = torch.from_numpy(fb).as_strided(b_shape, b_strides)
+    K = a_shape[-1]
     for j1 in range(acc.shape[0]):
         for j2 in range(acc.shape[1]):
-            c = acc[j1, j2].T
-            for jr in range(a.shape[2]):
+            c = acc_t[j1, j2]
+            first = True
+            for jr in range(a_shape[2]):
                 for k0 in range(0, K, TILE_K):
-                    x = np.ascontiguousarray(b[j1, j2, jr, k0:k0 + TILE_K]).T
-                    y = np.ascontiguousarray(a[j1, j2, jr, :, k0:k0 + TILE_K]).T
-                    r = sgemm(1.0, x, y, 1.0, c, overwrite_c=1)
-                    if r.ctypes.data != c.ctypes.data:  # pragma: no cover - f2py copied c
-                        c[...] = r
+                    x, y = a[j1, j2, jr, :, k0:k0 + TILE_K], b[j1, j2, jr, k0:k0 + TILE_K]
+                    if first:
+                        torch.mm(x, y, out=c)
+                        first = False
+                    else:
+                        c.addmm_(x, y)
 
 
 def _strided(flat_values: np.ndarray, shape, strides) -> np.ndarray:
@@ -285,12 +300,14 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
     use_c = int(fc is not None and beta != 0)  # beta == 0 ignores C, NaN included (PyTorch)
     B1, B2, BR, M, N, K = dims
     kind = res.dtype.type
-    # Large products call sgemm from here with beta=1 (no extra pass over the accumulator);
-    # same bits as gemm_f32_kernel, except for vector shapes where np.dot picks gemv.
-    if res.size and kind is np.float32 and M * N * K >= BLAS_MIN_WORK and M > 1 and N > 1:
+    # Large products call MKL's sgemm (through torch) per chunk with beta=1: no staging copies
+    # and no extra pass over the accumulator. Unless torch's fp32 matmuls may use bf16/tf32:
+    # then the Numba kernel's OpenBLAS (np.dot) computes the chunks.
+    if (res.size and kind is np.float32 and M * N * K >= BLAS_MIN_WORK and M > 1 and N > 1
+            and cpu_sgemm_is_fp32()):
         out = res.reshape(B1, B2, M, N)
-        _blas_gemm(out, _strided(fa.astype(kind, copy=False), (B1, B2, BR, M, K), a_strides),
-                   _strided(fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides))
+        _blas_gemm(out, fa.astype(kind, copy=False), (B1, B2, BR, M, K), a_strides,
+                   fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides)
         if alpha != 1:
             out *= kind(alpha)
         if use_c:

@@ -16,6 +16,30 @@ def test_transcendentals_within_4_ulp_of_the_exact_value(spec):
     assert row["vs_torch"] <= numerics_report.TARGET_ULP + 1, row
 
 
+def test_vectorised_loops_give_the_scalar_loops_bits():
+    # Note [512-bit vectors]: a 1-element launch runs the loop's scalar remainder, a long one
+    # its (512-bit where the CPU has AVX-512) vector body; no op may depend on which.
+    x = torch.cat([torch.linspace(-12, 12, 197), torch.tensor([0.0, -0.0, 1e-40, 88.7, -104.0])])
+    xd = x.to("neuron")
+    for fn in (torch.exp, torch.tanh, torch.sigmoid, torch.erf, torch.sin, torch.log,
+               torch.nn.functional.gelu, lambda t: t * 0.3 + 1.5):
+        vector = fn(xd.repeat(8)).cpu()[-x.numel():]
+        scalar = torch.cat([fn(xd[i:i + 1]).cpu() for i in range(x.numel())])
+        assert torch.equal(vector.view(torch.int32), scalar.view(torch.int32)), fn
+
+
+def test_kernels_use_512_bit_vectors_on_avx512():
+    import llvmlite.binding as ll
+
+    from neuron_eager.ops import kernelgen
+
+    if "+avx512f" not in ll.get_host_cpu_features().flatten().split(","):
+        pytest.skip("no AVX-512")
+    torch.nn.functional.gelu(torch.randn(100).to("neuron"))
+    kernel = next(k for key, k in kernelgen._kernels.items() if key[0] == "gelu")
+    assert any("zmm" in asm for asm in kernel.inspect_asm().values())
+
+
 def test_transcendentals_keep_special_values():
     x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -1e-40,
                       100.0, -100.0, 1e4, -1e4, 3e38])

@@ -92,38 +92,62 @@ def test_matmul_vectors(seed):
 
 
 def _chunked_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Note [PSUM accumulation]: sgemm per 128-chunk (fp32), chunk sums added in order."""
-    from scipy.linalg.blas import sgemm
-
+    """Note [PSUM accumulation], computed without BLAS's fp32 kernels: each 128-chunk summed
+    in float64 (exact for _exact_chunk_operands), rounded to fp32, added in order in fp32."""
     acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
     for k0 in range(0, a.shape[1], 128):
-        # computed transposed, as the kernels do (column-major BLAS on row-major chunks)
-        acc += sgemm(1.0, np.ascontiguousarray(b[k0:k0 + 128]).T,
-                     np.ascontiguousarray(a[:, k0:k0 + 128]).T).T
+        part = a[:, k0:k0 + 128].astype(np.float64) @ b[k0:k0 + 128].astype(np.float64)
+        acc += part.astype(np.float32)
     return acc
 
 
-# (9, 300, 11) runs np.dot per chunk inside the Numba kernel, (140, 300, 170) calls sgemm
-# with beta=1 from Python: both must give the reference's bits.
-@pytest.mark.parametrize("mkn", [(9, 300, 11), (140, 300, 170)])
+def _exact_chunk_operands(m, k, n, dtype):
+    """Small integers, A's scaled by 2^(s + u): s = 0 on even and -15 on odd 128-chunks of K,
+    u per element in 0..8. Every partial sum inside a chunk is a multiple of 2^s below
+    2^(s + 23): exact in fp32 in any order, so any fp32-accumulating BLAS gives the chunk
+    sums exactly, while adding an odd chunk to the accumulator rounds."""
+    s = -15 * ((torch.arange(k) // 128) % 2)
+    a = torch.randint(-15, 16, (m, k)).float() * 2.0 ** (s + torch.randint(0, 9, (m, k)))
+    b = torch.randint(-15, 16, (k, n)).float()
+    return a.to(dtype), b.to(dtype)
+
+
+# (9, 300, 11) runs np.dot (OpenBLAS) per chunk inside the Numba kernel, (140, 300, 170) and
+# (64, 1024, 200) call MKL's sgemm through torch with beta=1: all must give the reference's
+# bits, so the chunk sums are added to the accumulator, not C preloaded into the chunk's sum.
+@pytest.mark.parametrize("mkn", [(9, 300, 11), (140, 300, 170), (64, 1024, 200)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_k_chunked_accumulation_is_what_is_computed(dtype, mkn, seed):
     m, k, n = mkn
-    # Values of wildly different magnitudes make every summation order give different bits.
-    a = (torch.randn(m, k) * torch.logspace(-3, 3, k)).to(dtype)
-    b = torch.randn(k, n).to(dtype)
-    ref = _chunked_reference(a.float().numpy(), b.float().numpy())
+    a, b = _exact_chunk_operands(m, k, n, dtype)
+    a32, b32 = a.float().numpy(), b.float().numpy()
+    ref = _chunked_reference(a32, b32)
     for x, y in ((a, b), (a, b.t().contiguous().t())):  # a transposed operand too
         got = torch.mm(x.to("neuron"), y.to("neuron")).cpu()
         assert torch.equal(got, torch.from_numpy(ref).to(dtype))  # bit for bit
     flat = np.zeros_like(ref)
     for i in range(k):  # one long fp32 sum: must differ, or the test proves nothing
-        flat += a.float().numpy()[:, i:i + 1] * b.float().numpy()[i:i + 1, :]
+        flat += a32[:, i:i + 1] * b32[i:i + 1, :]
     assert not np.array_equal(flat, ref)
+    if k > 256:  # nor one rounding of the exact sum (with two chunks, that is the same)
+        assert not np.array_equal((a32.astype(np.float64) @ b32).astype(np.float32), ref)
+
+
+def test_k_chunks_stay_fp32_when_torch_allows_bf16_matmuls(seed):
+    # torch's CPU fp32 matmuls may then run in bf16 inside oneDNN: gemm must not use them
+    a, b = _exact_chunk_operands(140, 300, 170, torch.float32)
+    ref = torch.from_numpy(_chunked_reference(a.numpy(), b.numpy()))
+    old = torch.backends.mkldnn.matmul.fp32_precision
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    try:
+        got = torch.mm(a.to("neuron"), b.to("neuron")).cpu()
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = old
+    assert torch.equal(got, ref)
 
 
 def test_stochastic_rounding_rounds_to_a_neighbour(seed):
-    a, b = torch.randn(16, 200).bfloat16(), torch.randn(200, 24).bfloat16()
+    a, b = _exact_chunk_operands(16, 200, 24, torch.bfloat16)
     exact = torch.from_numpy(_chunked_reference(a.float().numpy(), b.float().numpy()))
     neuron_eager.config.stochastic_rounding = True
     try:
