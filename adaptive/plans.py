@@ -15,7 +15,7 @@ import torch
 from numba import njit
 
 from neuron_eager.device_sim import config
-from neuron_eager.ops import arithmetic, copy, numerics, reduction
+from neuron_eager.ops import arithmetic, copy, masking, numerics, reduction
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import tensor as T
 
@@ -108,6 +108,20 @@ def where(condition, x, y):
     dtype = E.result_type(x, y)
     return Planned(arithmetic._WHERE, [condition, x, y], [], dtype, numerics.compute_type(dtype),
                    None, lambda ops, params, to: arithmetic.where(*ops))
+
+
+@plan(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    if type(x) is not NeuronTensor or type(mask) is not NeuronTensor or \
+            mask.dtype != torch.bool or not x.dtype.is_floating_point:
+        return None  # the eager kernel checks (and raises)
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or type(value) is NeuronTensor:
+            return None
+        value = value.item()
+    dtype, compute = E.dtypes_for(masking._MASKED_FILL, [x, mask])
+    return Planned(masking._MASKED_FILL, [x, mask], [value], dtype, compute, None,
+                   lambda ops, params, to: masking.masked_fill(ops[0], ops[1], value))
 
 
 def _clamp(x, lo, hi):

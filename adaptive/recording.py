@@ -118,27 +118,41 @@ def _record(plan, args, kwargs):
     if planned is None:
         return None
     op, operands, params = planned[0], planned[1], planned[2]
-    refs, raw, shapes = _refs(_region, operands)
+    refs, raw, shapes, sig = _refs(_region, operands)
     if refs is None:
         return None
-    typed = len(planned) > 3 and planned.dtype is not None
-    dtype, compute = (planned.dtype, planned.compute or numerics.compute_type(planned.dtype)) \
-        if typed else E.dtypes_for(op, operands)
-    shape = planned.shape if typed and planned.shape is not None else E.broadcast_shape(shapes)
+    if len(planned) > 3 and planned.dtype is not None:
+        dtype = planned.dtype
+        compute = planned.compute or numerics.compute_type(dtype)
+        shape = planned.shape
+        runner = planned.runner
+    else:
+        typed = _promotion.get((op, sig))  # E.dtypes_for, keyed by what _refs saw
+        if typed is None:
+            typed = _promotion[(op, sig)] = E.dtypes_for(op, operands)
+        dtype, compute = typed
+        shape, runner = None, None
+    if shape is None:
+        first = shapes[0]
+        shape = tuple(first) if len(shapes) == 1 or all(s == first for s in shapes) else \
+            E.broadcast_shape(shapes)
     if 0 in shape:
         return None
     out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE)
     node = _add_node(op, refs, params, raw, dtype, compute, shape, out)
-    node.runner = planned.runner if typed else None
+    node.runner = runner
     if len(_region.nodes) >= options.max_ops:
         flush("buffer limit")
     return out
 
 
+_promotion: dict = {}
+
+
 def _refs(region, operands):
-    """Operand refs of a new node, the raw scalars, the tensor shapes (refs None: no tensor
-    operand, run eagerly)."""
-    refs, raw, shapes = [], [], []
+    """Operand refs of a new node, the raw scalars, the tensor shapes and the operands'
+    promotion signature (refs None: no tensor operand, run eagerly)."""
+    refs, raw, shapes, sig = [], [], [], []
     for a in operands:
         kind = type(a)
         if kind is NeuronTensor:
@@ -149,15 +163,19 @@ def _refs(region, operands):
                 refs.append(("n", node.index))
             else:
                 a._storage  # noqa: B018  (a result of a failed region: its hook says so)
-            shapes.append(a.shape)
+            shape = a.shape
+            shapes.append(shape)
+            sig.append((a.dtype, not shape))
         elif isinstance(a, torch.Tensor):
             T.check_foreign(a)  # a CPU 0-dim tensor: its value is read on the host now
             refs.append(("s", len(raw)))
             raw.append(a.clone())
+            sig.append((a.dtype, a.dim() == 0))
         else:
             refs.append(("s", len(raw)))
             raw.append(a)
-    return (refs if shapes else None), raw, shapes
+            sig.append(kind)
+    return (refs if shapes else None), raw, shapes, tuple(sig)
 
 
 def _add_node(op, refs, params, raw, dtype, compute, shape, out, target=None,
@@ -165,14 +183,16 @@ def _add_node(op, refs, params, raw, dtype, compute, shape, out, target=None,
     region = _region
     cast = numerics.SCALAR_CAST[compute]
     scalars = [cast(v.item() if isinstance(v, torch.Tensor) else v) for v in raw]
+    if params:
+        scalars += [cast(p) for p in params]
     node = Node()
     node.index, node.region, node.error = len(region.nodes), region.serial, None
-    node.op, node.refs, node.params, node.raw = op, refs, list(params), raw
-    node.scalars = scalars + [cast(p) for p in params]
+    node.op, node.refs, node.params, node.raw = op, refs, params, raw
+    node.scalars = scalars
     node.dtype, node.compute, node.shape = dtype, compute, shape
     node.runner, node.target, node.inplace = None, target, inplace
-    node.key = (op, tuple(r if r[0] != "s" else ("s",) for r in refs), len(params), dtype,
-                shape, compute, node.inplace, target)
+    node.key = (op, tuple([r if r[0] != "s" else _SCALAR_REF for r in refs]), len(params),
+                dtype, shape, compute, inplace, target)
     node.where = _where()
     out._node = node
     node.outs = [weakref.ref(out)]
@@ -180,6 +200,8 @@ def _add_node(op, refs, params, raw, dtype, compute, shape, out, target=None,
     return node
 
 
+_inplace_types: dict = {}  # (op, operand signature, dtype) -> compute type, "" if refused
+_SCALAR_REF = ("s",)  # scalars are arguments: their values are not part of a plan's key
 _DATA = ("_storage", "_nd", "_flat", "_key")
 
 
@@ -197,29 +219,38 @@ def _record_inplace(plan, args, kwargs):
     op, operands, params = plan(*args, **kwargs)
     if not operands or operands[0] is not a or a.numel() == 0:
         return None
-    promoted, compute = E.dtypes_for(op, operands)
-    if not torch.can_cast(promoted, a.dtype):
-        return None  # the eager kernel raises
-    shapes = [o.shape for o in operands if type(o) is NeuronTensor]
-    if E.broadcast_shape(shapes + [a.shape]) != tuple(a.shape):
-        return None
     region = _region
     d = a.__dict__
     old = d.get("_node")
     if old is not None:
-        if old.region != region.serial or len([r for r in old.outs if r() is not None]) != 1:
+        if old.region != region.serial or sum(r() is not None for r in old.outs) != 1:
             return None
-        refs, raw, _ = _refs(region, operands)
-        target, old.target = old.target, None  # only the last writer writes a's memory
-        old.outs = [r for r in old.outs if r() is not a]
     else:
         storage = d.get("_storage")
         if storage is None or sys.getrefcount(storage) > 3:  # d, `storage`, the call's arg
             return None
-        refs, raw, _ = _refs(region, operands)
+    shape = a.shape
+    sig = tuple((o.dtype, not o.shape) if isinstance(o, torch.Tensor) else type(o)
+                for o in operands)
+    key = (op, sig, a.dtype)
+    compute = _inplace_types.get(key)
+    if compute is None:
+        promoted, compute = E.dtypes_for(op, operands)
+        compute = _inplace_types[key] = compute if torch.can_cast(promoted, a.dtype) else ""
+    if not compute:
+        return None  # the eager kernel raises
+    for o in operands:
+        if type(o) is NeuronTensor and o.shape != shape and \
+                E.broadcast_shape([o.shape, shape]) != tuple(shape):
+            return None  # the eager kernel raises
+    if old is not None:
+        refs, raw, _, _ = _refs(region, operands)
+        target, old.target = old.target, None  # only the last writer writes a's memory
+        old.outs = [r for r in old.outs if r() is not a]
+    else:
+        refs, raw, _, _ = _refs(region, operands)
         target = region.input(a)
-        region.inputs[target] = T.make(storage, a.shape, a.stride(), a.storage_offset(),
-                                       a.dtype)
+        region.inputs[target] = T.make(storage, shape, a.stride(), a.storage_offset(), a.dtype)
         del region.input_index[id(a)]  # later reads of `a` name the node
         del storage
         for name in _DATA:

@@ -105,6 +105,14 @@ def test_squares_and_cubes_are_products(dtype):
     both_modes(lambda t: torch.pow(t * 2, 3) + torch.pow(t, 2.0), x)
 
 
+def test_masked_fill_fuses_as_in_attention():
+    x, _, _ = _inputs((2, 3, 5, 5), torch.float32)
+    causal = torch.tril(torch.ones(5, 5, device=N)).view(1, 1, 5, 5)
+    attention = lambda t: softmax((t * 0.5).masked_fill(causal == 0, float("-inf")))  # noqa: E731
+    both_modes(attention, x)
+    both_modes(lambda t: t.masked_fill(t > 1, torch.tensor(2.5)) + 1, x.to(torch.bfloat16))
+
+
 def test_errors_raise_at_record_time():
     x, _, _ = _inputs((3, 4), torch.float32)
     adaptive.enable()
