@@ -14,6 +14,7 @@ tensor([3., 3., 3., 3.])
 from __future__ import annotations
 
 import contextlib
+from math import prod
 
 from neuron_eager.device_sim import config
 
@@ -78,11 +79,12 @@ def explain(last: int = 5) -> str:
     they were recorded at, how it ran (op by op, fused from the cache, compiled) and its
     elements."""
     lines = []
-    for reason, count, groups in list(fusion.history)[-last:]:
+    for reason, count, plan, modes, wheres in list(fusion.history)[-last:]:
         lines.append(f"region of {count} ops, flushed by {reason}:")
-        for ops, where, mode, elements in groups:
-            at = ", ".join(f"{f}:{n}" for f, n in where)
-            lines.append(f"  {' -> '.join(ops)}  [{mode}, {elements} elements]  at {at}")
+        for g, mode in zip(plan.groups, modes):
+            ops = " -> ".join(plan.names[j] for j in g.nodes)
+            at = ", ".join(f"{f}:{n}" for f, n in sorted({wheres[j] for j in g.nodes}))
+            lines.append(f"  {ops}  [{mode}, {prod(g.shape)} elements]  at {at}")
     return "\n".join(lines) if lines else "no regions run yet"
 
 

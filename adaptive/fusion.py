@@ -48,10 +48,10 @@ class Group:
 
 
 class Plan:
-    __slots__ = ("groups", "seen")
+    __slots__ = ("groups", "seen", "names")
 
-    def __init__(self, groups):
-        self.groups, self.seen = groups, 0
+    def __init__(self, groups, names):
+        self.groups, self.seen, self.names = groups, 0, names
 
 
 def _broadcast(a: tuple, b: tuple) -> tuple | None:
@@ -223,7 +223,7 @@ def _plan(region, alive: list[bool]) -> Plan:
                 _lay_out_row(region, g)
         elif len(g.nodes) > 1:
             _lay_out(region, g)
-    return Plan(groups)
+    return Plan(groups, [node.op.name for node in nodes])
 
 
 def _load_code(node, dtype) -> str:
@@ -373,6 +373,9 @@ def _lay_out_row(region, g: Group) -> None:
 
 
 def _view(t, shape: tuple, strides: tuple):
+    if len(shape) == 1 and strides[0] == 1 and t.__dict__.get("_key") is not None and \
+            t.numel() == shape[0]:
+        return T.flat(t)  # a contiguous tensor read or written whole: its cached flat view
     size = T.STORAGE_DTYPE[t.dtype].itemsize
     return np.ndarray(shape, T.STORAGE_DTYPE[t.dtype], t._storage.buffer,
                         t.storage_offset() * size, [s * size for s in strides])
@@ -496,9 +499,7 @@ def run_region(region, reason: str) -> None:
     stats["kernels_launched"] += core.kernels_launched - launched
     stats["hbm_bytes_moved"] += core.hbm_bytes_moved - moved
     flush_reasons[reason] += 1
-    history.append((reason, len(nodes), [
-        ([nodes[j].op.name for j in g.nodes], sorted({nodes[j].where for j in g.nodes}),
-         mode, prod(g.shape)) for g, mode in zip(plan.groups, modes)]))
+    history.append((reason, len(nodes), plan, modes, [node.where for node in nodes]))
 
 
 def _give_storage(nodes, values, indices) -> None:

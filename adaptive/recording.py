@@ -284,29 +284,40 @@ def _detach(t: NeuronTensor):
 _writes: dict[int, bool] = {}
 
 
-def _must_flush(func, args, kwargs) -> bool:
+def _sync(func, args, kwargs) -> None:
+    """Before running `func` eagerly: a host read (.item(), .cpu()) runs the part of the
+    region its tensor needs (Note [Partial flush]); an op that may write memory runs all
+    of it; any other op reading a pending tensor runs all of it too (more fusion across
+    independent work than running parts one by one)."""
     writes = _writes.get(id(func))
     if writes is None:
         writes = _writes[id(func)] = func.namespace != "aten" or func._schema.is_mutable
     if writes:
-        return True
-    for a in args:
+        flush(func.name())
+        return
+    host_read = id(func) in _HOST_READS
+    serial = _region.serial
+    needed = []
+    for a in (*args, *kwargs.values()):
         if type(a) is NeuronTensor:
-            if "_node" in a.__dict__:
-                return True
+            node = a.__dict__.get("_node")
+            if node is not None and node.region == serial:
+                needed.append(node)
         elif type(a) is list or type(a) is tuple:
             for b in a:
-                if type(b) is NeuronTensor and "_node" in b.__dict__:
-                    return True
-    for a in kwargs.values():
-        if type(a) is NeuronTensor and "_node" in a.__dict__:
-            return True
-    return False
+                node = b.__dict__.get("_node") if type(b) is NeuronTensor else None
+                if node is not None and node.region == serial:
+                    needed.append(node)
+    if needed and not (host_read and _flush_part(needed, func.name())):
+        flush(func.name())
 
 
-_FUSIBLE: dict = {}  # the elementwise table and plans.PLANS, merged by install()
-_INPLACE = E.FUSIBLE_INPLACE
-_FOREACH = foreach.FOREACH_KERNELS
+_HOST_READS = {id(aten._local_scalar_dense.default), id(aten._to_copy.default)}
+
+
+# id(op) -> ("record" | "inplace" | "foreach", plan), filled by install(): keyed by id
+# because OpOverload hashes in Python (several microseconds a lookup on the hot path)
+_ACTIONS: dict = {}
 _DETACH = aten.detach.default
 
 
@@ -314,26 +325,21 @@ def dispatch(func, args, kwargs):
     """The dispatcher while adaptive eager is on."""
     if not active:
         return _inner(func, args, kwargs)
-    plan = _FUSIBLE.get(func)
+    action = _ACTIONS.get(id(func))
     with _lock:
-        if plan is not None:
-            out = _record(plan, args, kwargs)
+        if action is not None:
+            kind, plan = action
+            if kind == "foreach":  # its per-tensor ops come back through per_tensor()
+                return _inner(func, args, kwargs)
+            out = (_record if kind == "record" else _record_inplace)(plan, args, kwargs)
             if out is not None:
                 count_native(func)  # get_executed_ops() counts it, as plain eager would
                 return out
-        elif func in _INPLACE:
-            out = _record_inplace(_INPLACE[func], args, kwargs)
-            if out is not None:
-                count_native(func)
-                return out
-        elif func in _FOREACH:  # its per-tensor ops come back through per_tensor()
-            return _inner(func, args, kwargs)
         if _region.nodes:
             node = pending_node(args[0]) if func is _DETACH else None
             if node is not None and node.region == _region.serial:
                 return _detach(args[0])
-            if _must_flush(func, args, kwargs):
-                flush(func.name())
+            _sync(func, args, kwargs)
     return _inner(func, args, kwargs)
 
 
@@ -341,17 +347,14 @@ def per_tensor(func, args, kwargs):
     """A foreach kernel's per-tensor op (ops/foreach.py calls it while adaptive eager is on):
     recorded like a user's op, or run after the flush it needs; not counted again."""
     with _lock:
-        plan = _FUSIBLE.get(func)
-        if plan is not None:
-            out = _record(plan, args, kwargs)
+        action = _ACTIONS.get(id(func))
+        if action is not None and action[0] != "foreach":
+            kind, plan = action
+            out = (_record if kind == "record" else _record_inplace)(plan, args, kwargs)
             if out is not None:
                 return out
-        elif func in _INPLACE:
-            out = _record_inplace(_INPLACE[func], args, kwargs)
-            if out is not None:
-                return out
-        if _region.nodes and _must_flush(func, args, kwargs):
-            flush(func.name())
+        if _region.nodes:
+            _sync(func, args, kwargs)
     return foreach.direct(func, args, kwargs)
 
 
@@ -367,10 +370,12 @@ def flush(reason: str = "flush") -> None:
 
 
 def materialize(t: NeuronTensor) -> None:
-    """The pending hook: code reads the data of `t`, so its region runs now."""
+    """The pending hook: code reads the data of `t`, so the part of its region that `t`
+    needs runs now (Note [Partial flush])."""
     with _lock:
         node = t.__dict__.get("_node")
-        if node is not None and node.region == _region.serial:
+        if node is not None and node.region == _region.serial and \
+                not _flush_part([node], "data read"):
             flush("data read")
     if "_storage" not in t.__dict__:
         node = t.__dict__.get("_node")
@@ -379,10 +384,97 @@ def materialize(t: NeuronTensor) -> None:
                            (f": its region failed ({error})" if error else ""))
 
 
+# Note [Partial flush]
+# Reading one pending tensor on the host (print, .item(), .cpu(), .tolist()) runs the ops
+# it depends on; the rest of the region stays recorded (printing the loss does not cut the
+# optimizer's region in two). The ops that
+# run form a region of their own; results the remaining ops read are kept by extra pending
+# references and become inputs of the remaining region. If a needed op writes a tensor's
+# memory that a remaining op still reads the old value of, everything runs instead.
+def _flush_part(wanted: list, reason: str) -> bool:
+    """Run only what the `wanted` nodes need; False if that is the whole region (or
+    unsafe)."""
+    global _region
+    region = _region
+    nodes = region.nodes
+    need = {n.index for n in wanted}
+    stack = list(need)
+    while stack:
+        for kind, ref in nodes[stack.pop()].refs:
+            if kind == "n" and ref not in need:
+                need.add(ref)
+                stack.append(ref)
+    if len(need) == len(nodes):
+        return False
+    written = {nodes[j].target for j in need if nodes[j].target is not None}
+    rest = [n for n in nodes if n.index not in need]
+    if written and any(kind == "i" and ref in written for n in rest for kind, ref in n.refs):
+        return False
+    keepers = []  # pending references to results the remaining ops read
+    read_later = {ref for n in rest for kind, ref in n.refs if kind == "n" and ref in need}
+    if any(nodes[j].target is not None for j in read_later):
+        return False  # (its value has the updated tensor's layout, not a new one's)
+    for j in sorted(read_later):
+        keeper = _make_wrapper(NeuronTensor, nodes[j].shape, dtype=nodes[j].dtype,
+                               device=T.DEVICE)
+        keeper._node = nodes[j]
+        nodes[j].outs.append(weakref.ref(keeper))
+        keepers.append((j, keeper))
+    first, later = Region(), Region()
+    _move(region, [nodes[j] for j in sorted(need)], first, {})
+    _move(region, rest, later, dict(keepers))
+    _region = later
+    run_region(first, reason)
+    return True
+
+
+def _move(source: Region, moved: list, target: Region, kept: dict) -> None:
+    """Renumber `moved` nodes of `source` into `target`; reads of a node now computed
+    elsewhere (`kept`: index -> its pending reference) become reads of a region input."""
+    index = {n.index: k for k, n in enumerate(moved)}
+    inputs: dict = {}
+
+    def new_input(m):
+        if m not in inputs:
+            inputs[m] = len(target.inputs)
+            target.inputs.append(source.inputs[m])
+            target.descs.append(source.descs[m])
+        return inputs[m]
+
+    for k, n in enumerate(moved):
+        refs = []
+        for kind, ref in n.refs:
+            if kind == "n" and ref in index:
+                refs.append(("n", index[ref]))
+            elif kind == "n":
+                t = kept[ref]
+                m = len(target.inputs)
+                target.inputs.append(t)
+                target.descs.append((t.dtype, t.shape, t.stride()))
+                refs.append(("i", m))
+            elif kind == "i":
+                refs.append(("i", new_input(ref)))
+            else:
+                refs.append((kind, ref))
+        n.refs, n.index, n.region = refs, k, target.serial
+        if n.target is not None:
+            n.target = new_input(n.target)
+        key = n.key
+        n.key = (key[0], tuple([r if r[0] != "s" else _SCALAR_REF for r in refs])) + \
+            key[2:7] + (n.target,)
+        target.nodes.append(n)
+    by_index = {m: key for key, m in source.input_index.items()}
+    for m, k in inputs.items():
+        if m in by_index:  # later reads of the same tensor find it (not stand-ins)
+            target.input_index[by_index[m]] = k
+
+
 def install() -> None:
     global _inner, _installed, active
-    _FUSIBLE.update(E.FUSIBLE)
-    _FUSIBLE.update(plans.PLANS)
+    for table, kind in ((E.FUSIBLE, "record"), (plans.PLANS, "record"),
+                        (E.FUSIBLE_INPLACE, "inplace")):
+        _ACTIONS.update({id(op): (kind, plan) for op, plan in table.items()})
+    _ACTIONS.update({id(op): ("foreach", None) for op in foreach.FOREACH_KERNELS})
     foreach.per_tensor = per_tensor
     active = True
     if not _installed:  # else still in the chain, under a dispatcher installed later

@@ -7,6 +7,8 @@ in passes: pass p computes the full nodes that need the reductions finished in p
 (recomputing cheaper earlier full values instead of storing them: Note [Passes]). Sums
 accumulate in blocks of reduction.BLOCK exactly as the eager sum kernel does, and amax
 keeps the first NaN, so the bits are those of plain eager (Note [Bit-identical fusion]).
+Reduced values go to a row buffer first: the column loops stay free of carried
+dependencies (vectorizable), and the ordered sum runs over the buffer in L1.
 """
 from __future__ import annotations
 
@@ -45,8 +47,10 @@ def source(spec) -> tuple[str, dict]:
     store_of = {j: k for j, k in stores}
     passes, avail = schedule(nodes)
     lines = [f"def kernel({', '.join(names)}):",
-             "    rows, cols = o0.shape[0], o0.shape[1]",
-             "    for r in range(rows):"]
+             "    rows, cols = o0.shape[0], o0.shape[1]"]
+    lines += [f"    buf{j} = np.empty(cols, np.float32)"
+              for j, node in enumerate(nodes) if node[0] == "red"]
+    lines.append("    for r in range(rows):")
 
     def value(j, pad, col):
         role, op, operands, compute, out_code = nodes[j]
@@ -79,8 +83,6 @@ def source(spec) -> tuple[str, dict]:
                 for kind, ref, *_ in nodes[j][2]:
                     if kind == "v" and nodes[ref][0] == "full":
                         needed.add(ref)
-        for j in reds:
-            lines += _red_init(j, nodes[j][1])
         lines.append("        for c in range(cols):")
         for j in sorted(needed):
             lines.append(value(j, " " * 12, "c"))
@@ -96,39 +98,36 @@ def source(spec) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", recipes
 
 
-def _red_init(j, name) -> list[str]:
-    if name == "amax":
-        return [f"        m{j} = np.float32(0.0)", f"        d{j} = False"]
-    return [f"        t{j} = np.float32(0.0)", f"        b{j} = np.float32(0.0)"]
-
-
 def _red_step(j, node, recipes) -> list[str]:
+    """Inside the column loop: the reduced value goes to the row buffer, so the loop has no
+    carried dependency and LLVM can vectorize it (the sum runs after, in order)."""
     _, name, operands, compute, _ = node
     kind, ref, code = operands[0]
     recipes[f"l{j}_0"] = ("loader", code, compute)
     arg = f"v{ref}" if kind == "v" else f"a{ref}[r, c]"
-    pad = " " * 12
-    if name == "amax":  # the eager kernel's order: the first element, then NaN wins
-        return [f"{pad}x{j} = l{j}_0({arg})",
-                f"{pad}if c == 0:",
-                f"{pad}    m{j} = x{j}",
-                f"{pad}    d{j} = x{j} != x{j}",
-                f"{pad}elif not d{j}:",
-                f"{pad}    if x{j} != x{j}:",
-                f"{pad}        m{j} = x{j}",
-                f"{pad}        d{j} = True",
-                f"{pad}    elif x{j} > m{j}:",
-                f"{pad}        m{j} = x{j}"]
-    return [f"{pad}b{j} += l{j}_0({arg})",
-            f"{pad}if c % {BLOCK} == {BLOCK - 1}:",
-            f"{pad}    t{j} += b{j}",
-            f"{pad}    b{j} = np.float32(0.0)"]
+    return [f"            buf{j}[c] = l{j}_0({arg})"]
 
 
 def _red_end(j, name) -> list[str]:
+    """After the column loop: the eager kernel's exact order over the row buffer (blocks of
+    BLOCK summed in order for sum/mean; the first element, then the first NaN, for amax)."""
     if name == "amax":
-        return [f"        v{j} = st{j}(m{j})"]
-    lines = [f"        if cols % {BLOCK} != 0:", f"            t{j} += b{j}"]
+        return [f"        m{j} = buf{j}[0]",
+                f"        if m{j} == m{j}:",
+                "            for i in range(1, cols):",
+                f"                x{j} = buf{j}[i]",
+                f"                if x{j} != x{j}:",
+                f"                    m{j} = x{j}",
+                "                    break",
+                f"                if x{j} > m{j}:",
+                f"                    m{j} = x{j}",
+                f"        v{j} = st{j}(m{j})"]
+    lines = [f"        t{j} = np.float32(0.0)",
+             f"        for start in range(0, cols, {BLOCK}):",
+             f"            part{j} = np.float32(0.0)",
+             f"            for i in range(start, min(start + {BLOCK}, cols)):",
+             f"                part{j} += buf{j}[i]",
+             f"            t{j} += part{j}"]
     if name == "mean":
         return lines + [f"        v{j} = st{j}(t{j} / np.float32(cols))"]
     return lines + [f"        v{j} = st{j}(t{j})"]

@@ -159,6 +159,7 @@ def set_rng_state_all(states) -> None:
 # -- memory ------------------------------------------------------------------------------
 def memory_stats(device=None) -> OrderedDict:
     _index(device)
+    _adaptive.flush("memory query")  # recorded work allocates when it runs
     return OrderedDict(core.hbm.stats())
 
 
@@ -180,6 +181,7 @@ def max_memory_reserved(device=None) -> int:
 
 def reset_peak_memory_stats(device=None) -> None:
     _index(device)
+    _adaptive.flush("memory query")
     core.hbm.reset_peak_stats()
 
 
@@ -189,12 +191,14 @@ def reset_accumulated_memory_stats(device=None) -> None:
 
 
 def empty_cache() -> None:
+    _adaptive.flush("memory query")
     core.hbm.empty_cache()
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes of the simulated HBM."""
     _index(device)
+    _adaptive.flush("memory query")
     return core.hbm.capacity - core.hbm.reserved, core.hbm.capacity
 
 

@@ -18,6 +18,7 @@ import contextlib
 
 import torch
 
+from neuron_eager import adaptive as _adaptive
 from neuron_eager.device_sim import core
 from neuron_eager.device_sim.clock import SimStream
 
@@ -50,11 +51,13 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:
         """Later work on this stream starts after `event` completes."""
+        _adaptive.flush("stream wait")
         if event._time_ps is not None:
             _clock.wait_for(self._sim, event._time_ps)
 
     def wait_stream(self, stream: Stream) -> None:
         """Later work on this stream starts after all work queued on `stream` so far."""
+        _adaptive.flush("stream wait")
         _clock.wait_for(self._sim, _clock.record_time(stream._sim))
 
     def record_event(self, event: Event | None = None) -> Event:
@@ -68,6 +71,7 @@ class Stream:
 
     def synchronize(self) -> None:
         """The host waits until this stream's queued work ends on the simulated clock."""
+        _adaptive.flush("synchronize")
         _clock.wait_until(self._sim.ready_ps)
 
     def __eq__(self, other) -> bool:
@@ -99,6 +103,7 @@ class Event:
         self._time_ps: float | None = None
 
     def record(self, stream: Stream | None = None) -> None:
+        _adaptive.flush("event")
         stream = current_stream() if stream is None else stream
         self._time_ps = _clock.record_time(stream._sim)
 
@@ -109,6 +114,7 @@ class Event:
         return True
 
     def synchronize(self) -> None:
+        _adaptive.flush("synchronize")
         if self._time_ps is not None:
             _clock.wait_until(self._time_ps)
 
@@ -143,6 +149,8 @@ def set_stream(stream: Stream) -> None:
     global _current
     if stream is None:
         return
+    if stream is not _current:
+        _adaptive.flush("stream change")  # recorded work belongs to the stream it came on
     _current = stream
     _clock.current = stream._sim
 
@@ -164,9 +172,11 @@ def stream(stream: Stream | None):
 def synchronize(device=None) -> None:
     """The host waits for all queued work, on the simulated clock."""
     _check_device(device)
+    _adaptive.flush("synchronize")
     _clock.synchronize()
 
 
 def simulated_time_ns() -> float:
     """How far the simulated host has waited on the device, in nanoseconds."""
+    _adaptive.flush("clock read")
     return _clock.host_ps / 1000

@@ -112,7 +112,16 @@ def broadcast_shape(shapes) -> tuple:
     first = shapes[0]
     if all(s == first for s in shapes):
         return tuple(first)
-    return tuple(torch.broadcast_shapes(*shapes))
+    n = max(len(s) for s in shapes)
+    out = [1] * n
+    for s in shapes:
+        for i, size in enumerate(s, n - len(s)):
+            if size != 1:
+                if out[i] == 1:
+                    out[i] = size
+                elif out[i] != size:
+                    return tuple(torch.broadcast_shapes(*shapes))  # raises PyTorch's error
+    return tuple(out)
 
 
 def _strided(t: NeuronTensor, shape, strides) -> np.ndarray:

@@ -1,0 +1,64 @@
+"""Reading one pending tensor runs only what it needs (Note [Partial flush])."""
+import torch
+
+from neuron_eager import adaptive
+from neuron_eager.adaptive import fusion, recording
+
+from test_adaptive import same_bits
+
+N = torch.device("neuron")
+
+
+def program(x, w):
+    a = x * 2 + 1
+    b = (w - 3).exp()  # independent of `a`
+    first = a.sum().item()  # runs a's chain only
+    c = a * b + w  # reads a (computed) and b (still pending)
+    w.mul_(0.5)  # in place on an input that b read before
+    return first, c, b, w
+
+
+def test_a_read_runs_only_its_dependencies_and_results_match():
+    x = torch.randn(4, 5, device=N)
+    w0 = torch.randn(4, 5, device=N)
+    adaptive.disable()
+    expected = program(x, w0.clone())
+    adaptive.enable()
+    saved = recording.options.compile_after
+    recording.options.compile_after = 1
+    try:
+        for _ in range(3):
+            adaptive.reset_stats()
+            got = program(x, w0.clone())
+            assert recording._region.nodes  # b's chain and the rest are still pending
+            assert got[0] == expected[0]
+            for g, e in zip(got[1:], expected[1:]):
+                same_bits(g.cpu(), e.cpu())
+            reasons = adaptive.stats()["flush_reasons"]
+            # .item() ran a's 3 ops alone; c.cpu() ran c and b; w.cpu() the update of w
+            assert reasons == {"aten::_local_scalar_dense": 1, "aten::_to_copy": 2}
+            assert [count for _, count, *_ in list(fusion.history)[-3:]] == [3, 4, 1]
+    finally:
+        recording.options.compile_after = saved
+        adaptive.disable()
+
+
+def test_events_streams_and_memory_queries_run_recorded_work():
+    x = torch.randn(1 << 12, device=N)
+    adaptive.enable()
+    try:
+        start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+        start.record()
+        y = (x * 2 + 1).relu()
+        end.record()  # the region runs before the event is placed on the clock
+        assert not recording._region.nodes
+        assert start.elapsed_time(end) > 0
+        before = torch.neuron.memory_allocated()
+        z = y * 3  # pending: no memory yet
+        assert torch.neuron.memory_allocated() == before + z.numel() * 4  # the query ran it
+        w = z - 1
+        with torch.neuron.stream(torch.neuron.Stream()):  # a stream change is a boundary
+            assert not recording._region.nodes
+        assert torch.equal(w.cpu(), (x.cpu() * 2 + 1).relu() * 3 - 1)
+    finally:
+        adaptive.disable()
