@@ -40,11 +40,11 @@ class Group:
     each node a role: "full", "row" or "red" (adaptive/rowgen.py)."""
 
     __slots__ = ("nodes", "stored", "shape", "spec", "arrays", "scalars", "engine",
-                 "moved", "not_moved", "kernel", "full", "k", "roles", "fixed")
+                 "moved", "not_moved", "kernel", "full", "k", "roles", "fixed", "view")
 
     def __init__(self, j: int, shape: tuple):
         self.nodes, self.shape, self.spec, self.kernel = [j], shape, None, None
-        self.full, self.k, self.roles, self.fixed = None, 0, {}, False
+        self.full, self.k, self.roles, self.fixed, self.view = None, 0, {}, False, False
 
 
 class Plan:
@@ -89,6 +89,11 @@ def _role(shape: tuple, full: tuple, k: int) -> str | None:
 
 def _is_red(node) -> bool:
     return type(node.op) is plans.Reduction
+
+
+def _stride(node) -> tuple:
+    """The layout a node's value has in memory: contiguous, or a recorded view's."""
+    return node.stride if node.stride is not None else T.contiguous_strides(node.shape)
 
 
 def _in_shape(region, node) -> tuple:
@@ -146,17 +151,21 @@ def _place(region, groups, group_of, last_read, j: int) -> int | None:
     [In-place ops] in recording.py). Reductions and row groups only extend the last group.
     """
     node = region.nodes[j]
-    if not groups:
-        return None
+    if not groups or node.op is plans.VIEW:
+        return None  # a view is a group of its own: no kernel, its base's memory
     last = len(groups) - 1
     g = groups[last]
+    if g.view:
+        g = None
     if _is_red(node):
         in_shape = _in_shape(region, node)
+        if g is None:
+            return None
         if g.full is not None:
             return last if _joins_row(g, region, j) else None
         return last if g.shape == in_shape and not g.fixed and \
             _to_row_group(g, region, j, in_shape) else None
-    if g.full is not None:
+    if g is not None and g.full is not None:
         return last if node.target is None and _joins_row(g, region, j) else None
     reads = {group_of[ref] for kind, ref in node.refs if kind == "n"}
     lowest = max(reads, default=0)
@@ -164,7 +173,7 @@ def _place(region, groups, group_of, last_read, j: int) -> int | None:
         lowest = max(lowest, last_read.get(node.target, 0))
     for gi in range(last, lowest - 1, -1):
         g = groups[gi]
-        if g.full is not None:
+        if g.full is not None or g.view:
             continue
         shape = _broadcast(g.shape, node.shape)
         if shape is None or (shape != g.shape and shape != node.shape):
@@ -202,6 +211,7 @@ def _plan(region, alive: list[bool]) -> Plan:
                 g.full, g.k = _in_shape(region, node), len(node.op.dims)
                 g.roles[j] = "red" if node.op.keepdim else "out"
             g.fixed = node.target is not None
+            g.view = node.op is plans.VIEW
             groups.append(g)
             gi = len(groups) - 1
         else:
@@ -302,8 +312,7 @@ def _lay_out(region, g: Group) -> None:
         strides.append(_strides_in(node.shape, stride, shape))
     for kind, ref in arrays:
         if kind == "n":
-            ishape = nodes[ref].shape
-            strides.append(_strides_in(ishape, T.contiguous_strides(ishape), shape))
+            strides.append(_strides_in(nodes[ref].shape, _stride(nodes[ref]), shape))
         else:
             _, ishape, istride = region.descs[ref]
             strides.append(_strides_in(ishape, istride, shape))
@@ -355,8 +364,7 @@ def _lay_out_row(region, g: Group) -> None:
         sizes.append(prod(node.shape) * T.STORAGE_DTYPE[node.dtype].itemsize)
     for kind, ref in arrays:
         if kind == "n":
-            dtype, ishape = nodes[ref].dtype, nodes[ref].shape
-            istride = T.contiguous_strides(ishape)
+            dtype, ishape, istride = nodes[ref].dtype, nodes[ref].shape, _stride(nodes[ref])
         else:
             dtype, ishape, istride = region.descs[ref]
         strides.append(_strides_in(ishape, istride, full))
@@ -391,6 +399,10 @@ def _run_ops(region, values, g: Group) -> None:
         node = region.nodes[j]
         operands = [node.raw[ref] if kind == "s" else _resolve(region, values, kind, ref)
                     for kind, ref in node.refs]
+        if node.op is plans.VIEW:  # the base's memory, seen through the recorded layout
+            values[j] = T.make(operands[0]._storage, node.shape, node.stride, node.offset,
+                               node.dtype)
+            continue
         if node.runner is not None:
             values[j] = node.runner(operands, node.params, node.dtype)
         elif node.inplace:  # as the in-place kernel does: computed, then rounded into out

@@ -53,7 +53,7 @@ class Node:
 
     __slots__ = ("index", "op", "refs", "params", "scalars", "raw", "dtype", "compute",
                  "shape", "outs", "where", "key", "region", "error", "runner", "inplace",
-                 "target")
+                 "target", "views", "stride", "offset")
 
     def alive(self) -> bool:
         return any(ref() is not None for ref in self.outs)
@@ -191,6 +191,7 @@ def _add_node(op, refs, params, raw, dtype, compute, shape, out, target=None,
     node.scalars = scalars
     node.dtype, node.compute, node.shape = dtype, compute, shape
     node.runner, node.target, node.inplace = None, target, inplace
+    node.views, node.stride, node.offset = None, None, 0
     node.key = (op, tuple([r if r[0] != "s" else _SCALAR_REF for r in refs]), len(params),
                 dtype, shape, compute, inplace, target)
     node.where = _where()
@@ -223,8 +224,9 @@ def _record_inplace(plan, args, kwargs):
     d = a.__dict__
     old = d.get("_node")
     if old is not None:
-        if old.region != region.serial or sum(r() is not None for r in old.outs) != 1:
-            return None
+        if old.region != region.serial or sum(r() is not None for r in old.outs) != 1 or \
+                old.op is plans.VIEW or (old.views and any(r() is not None for r in old.views)):
+            return None  # another tensor sees this memory: run it eagerly
     else:
         storage = d.get("_storage")
         if storage is None or sys.getrefcount(storage) > 3:  # d, `storage`, the call's arg
@@ -336,11 +338,58 @@ def dispatch(func, args, kwargs):
                 count_native(func)  # get_executed_ops() counts it, as plain eager would
                 return out
         if _region.nodes:
-            node = pending_node(args[0]) if func is _DETACH else None
+            node = pending_node(args[0]) if args else None
             if node is not None and node.region == _region.serial:
-                return _detach(args[0])
+                if func is _DETACH:
+                    return _detach(args[0])
+                if _is_view(func):
+                    out = _record_view(func, node, args, kwargs)
+                    if out is not None:
+                        count_native(func)
+                        return out
             _sync(func, args, kwargs)
     return _inner(func, args, kwargs)
+
+
+_views: dict = {}  # id(op) -> whether it is a single-tensor view op
+
+
+def _is_view(func) -> bool:
+    view = _views.get(id(func))
+    if view is None:
+        returns = func._schema.returns
+        view = _views[id(func)] = (func.is_view or func is _UNSAFE_VIEW) and \
+            len(returns) == 1 and str(returns[0].type) == "Tensor"
+    return view
+
+
+_UNSAFE_VIEW = aten._unsafe_view.default
+
+
+def _record_view(func, node: Node, args, kwargs):
+    """A view of a pending tensor: another pending tensor on the same memory (no kernel);
+    None to flush and run it eagerly."""
+    if config.stochastic_rounding:
+        return None
+    for a in (*args[1:], *kwargs.values()):
+        if type(a) is NeuronTensor:
+            return None
+    layout = plans.view_layout(func, args[0], args, kwargs)  # a bad view raises here
+    if layout is None or layout[3] != args[0].dtype:
+        return None
+    shape, stride, offset, dtype = layout
+    out = _make_wrapper(NeuronTensor, shape, strides=stride, storage_offset=offset,
+                        dtype=dtype, device=T.DEVICE)
+    view = _add_node(plans.VIEW, [("n", node.index)], (), [], dtype, "f32", shape, out)
+    view.stride, view.offset = stride, offset
+    key = view.key
+    view.key = key[:4] + ((shape, stride, offset),) + key[5:]
+    if node.views is None:
+        node.views = []
+    node.views.append(weakref.ref(out))
+    if len(_region.nodes) >= options.max_ops:
+        flush("buffer limit")
+    return out
 
 
 def per_tensor(func, args, kwargs):

@@ -120,3 +120,33 @@ def test_errors_raise_at_record_time():
         (x * 2).sum(5)
     with pytest.raises(RuntimeError, match="At least one of 'min' or 'max'"):
         (x * 2).clamp()
+
+
+def test_views_of_pending_tensors_are_recorded():
+    x, w, _ = _inputs((4, 6), torch.float32)
+    wt = torch.randn(6, 4).to(N)
+    both_modes(lambda t: ((t * 2).view(2, 12) + 1).exp(), x)
+    both_modes(lambda t, u: ((t * 2).transpose(0, 1) * u).sum(-1, keepdim=True), x, wt)
+    both_modes(lambda t: (t.sum(-1) * 2).unsqueeze(-1).expand(4, 6) + t, x)
+    both_modes(lambda t: (t + 1)[:, 1:4] * 3 + (t + 1)[2, :3], x)
+    both_modes(lambda t: (t * 3).view(24).view(6, 4).t().relu(), x)
+
+    def update_base_seen_by_view(t):
+        y = t * 2
+        v = y.view(24)
+        y.add_(1)  # runs eagerly: the view must see it
+        return v * 2
+
+    def update_through_view(t):
+        y = t * 2
+        y.view(24).mul_(2)
+        return y + 1
+
+    both_modes(update_base_seen_by_view, x)
+    both_modes(update_through_view, x)
+    adaptive.enable()
+    adaptive.reset_stats()
+    ((x * 2).transpose(0, 1) + 1).cpu()
+    assert adaptive.stats()["flush_reasons"] == {"aten::_to_copy": 1}  # the view did not flush
+    with pytest.raises(RuntimeError, match="invalid for input of size"):
+        (x * 2).view(5, 5)
