@@ -7,8 +7,9 @@ in passes: pass p computes the full nodes that need the reductions finished in p
 (recomputing cheaper earlier full values instead of storing them: Note [Passes]). Sums
 accumulate in blocks of reduction.BLOCK exactly as the eager sum kernel does, and amax
 keeps the first NaN, so the bits are those of plain eager (Note [Bit-identical fusion]).
-Reduced values go to a row buffer first: the column loops stay free of carried
-dependencies (vectorizable), and the ordered sum runs over the buffer in L1.
+When a pass computes transcendentals, reduced values go to a row buffer first: the column
+loop stays free of carried dependencies (vectorizable) and the ordered sum runs over the
+buffer in L1; plain arithmetic passes reduce as they go.
 """
 from __future__ import annotations
 
@@ -83,29 +84,69 @@ def source(spec) -> tuple[str, dict]:
                 for kind, ref, *_ in nodes[j][2]:
                     if kind == "v" and nodes[ref][0] == "full":
                         needed.add(ref)
+        # transcendentals are worth vectorizing: their reductions go through a row buffer
+        buffered = any(nodes[j][1].engine == "scalar" for j in needed)
+        if not buffered:
+            for j in reds:
+                lines += _red_init(j, nodes[j][1])
         lines.append("        for c in range(cols):")
         for j in sorted(needed):
             lines.append(value(j, " " * 12, "c"))
             if j in store_of and passes[j] == p:
                 lines.append(f"            o{store_of[j]}[r, c] = v{j}")
         for j in reds:
-            lines += _red_step(j, nodes[j], recipes)
+            lines += _red_step(j, nodes[j], recipes, buffered)
         for j in reds:
-            lines += _red_end(j, nodes[j][1])
+            lines += _red_end(j, nodes[j][1]) if buffered else \
+                _red_end_streamed(j, nodes[j][1])
             if j in store_of:
                 lines.append(f"        o{store_of[j]}[r, 0] = v{j}")
             recipes[f"st{j}"] = ("storer", nodes[j][4])
     return "\n".join(lines) + "\n", recipes
 
 
-def _red_step(j, node, recipes) -> list[str]:
-    """Inside the column loop: the reduced value goes to the row buffer, so the loop has no
-    carried dependency and LLVM can vectorize it (the sum runs after, in order)."""
+def _red_init(j, name) -> list[str]:
+    """Before a streaming column loop: the reduction's running state."""
+    if name == "amax":
+        return [f"        m{j} = np.float32(0.0)", f"        d{j} = False"]
+    return [f"        t{j} = np.float32(0.0)", f"        part{j} = np.float32(0.0)"]
+
+
+def _red_step(j, node, recipes, buffered: bool) -> list[str]:
+    """Inside the column loop. Buffered: the value goes to the row buffer (no carried
+    dependency: LLVM vectorizes the loop; the ordered reduction runs after). Streaming:
+    the eager kernel's order right here (cheaper when the loop is plain arithmetic)."""
     _, name, operands, compute, _ = node
     kind, ref, code = operands[0]
     recipes[f"l{j}_0"] = ("loader", code, compute)
     arg = f"v{ref}" if kind == "v" else f"a{ref}[r, c]"
-    return [f"            buf{j}[c] = l{j}_0({arg})"]
+    pad = " " * 12
+    if buffered:
+        return [f"{pad}buf{j}[c] = l{j}_0({arg})"]
+    if name == "amax":  # the first element, then the first NaN wins
+        return [f"{pad}x{j} = l{j}_0({arg})",
+                f"{pad}if c == 0:",
+                f"{pad}    m{j} = x{j}",
+                f"{pad}    d{j} = x{j} != x{j}",
+                f"{pad}elif not d{j}:",
+                f"{pad}    if x{j} != x{j}:",
+                f"{pad}        m{j} = x{j}",
+                f"{pad}        d{j} = True",
+                f"{pad}    elif x{j} > m{j}:",
+                f"{pad}        m{j} = x{j}"]
+    return [f"{pad}part{j} += l{j}_0({arg})",
+            f"{pad}if c % {BLOCK} == {BLOCK - 1}:",
+            f"{pad}    t{j} += part{j}",
+            f"{pad}    part{j} = np.float32(0.0)"]
+
+
+def _red_end_streamed(j, name) -> list[str]:
+    if name == "amax":
+        return [f"        v{j} = st{j}(m{j})"]
+    lines = [f"        if cols % {BLOCK} != 0:", f"            t{j} += part{j}"]
+    if name == "mean":
+        return lines + [f"        v{j} = st{j}(t{j} / np.float32(cols))"]
+    return lines + [f"        v{j} = st{j}(t{j})"]
 
 
 def _red_end(j, name) -> list[str]:
