@@ -300,8 +300,8 @@ def _lay_out(region, g: Group) -> None:
     op by op)."""
     nodes, shape = region.nodes, g.shape
     n = prod(shape)
-    if n == 0:
-        return
+    if n == 0 or not shape:
+        return  # 0-dim chains: nothing to gain, and LLVM can take minutes on some (f16 exp)
     local, specs, arrays, scalars, bytes_eager = _operands(region, g)
     # strides (in elements) of every array over the group shape: outputs, then inputs
     strides = []

@@ -20,7 +20,10 @@ twelfth from the grammar itself, and the vocabulary is small and shared: kernels
 come from the caches. Four test functions, so pytest-xdist can spread them.
 """
 import io
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -513,3 +516,24 @@ def test_nan_sign_after_negation(fuse_at_once):
     got = (y * y).cpu()
     adaptive.disable()
     same_bits(got, expected)
+
+
+ZERO_DIM_F16 = """
+import torch, neuron_eager
+from neuron_eager import adaptive
+adaptive.options.compile_after = 1
+s = torch.tensor(0.5, dtype=torch.float16, device="neuron")  # read as a scalar: loop-invariant
+adaptive.enable()
+s.exp().exp().cpu()
+"""
+
+
+def test_zero_dim_f16_chain_compiles_quickly():
+    """Fused, this 0-dim float16 chain took LLVM ~2 minutes to compile (probably: its scalar
+    operand makes every branch of the f16 conversions loop-invariant): 0-dim groups run op
+    by op."""
+    try:
+        subprocess.run([sys.executable, "-c", ZERO_DIM_F16], env=os.environ, timeout=20,
+                       check=True, capture_output=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the fused kernel did not compile within 20 s")
