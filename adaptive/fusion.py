@@ -54,17 +54,6 @@ class Plan:
         self.groups, self.seen, self.names = groups, 0, names
 
 
-def _broadcast(a: tuple, b: tuple) -> tuple | None:
-    n = max(len(a), len(b))
-    a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
-    out = []
-    for x, y in zip(a, b):
-        if x != y and x != 1 and y != 1:
-            return None
-        out.append(y if x == 1 else x)
-    return tuple(out)
-
-
 def _strides_in(shape: tuple, stride: tuple, group_shape: tuple) -> list[int]:
     """Strides of a tensor read (or written) over the group's broadcast shape."""
     lead = len(group_shape) - len(shape)
@@ -175,7 +164,7 @@ def _place(region, groups, group_of, last_read, j: int) -> int | None:
         g = groups[gi]
         if g.full is not None or g.view:
             continue
-        shape = _broadcast(g.shape, node.shape)
+        shape = E.try_broadcast([g.shape, node.shape])
         if shape is None or (shape != g.shape and shape != node.shape):
             continue
         if node.shape != g.shape and gi not in reads:
@@ -257,8 +246,7 @@ def _operands(region, g: Group, roles=None):
     for j in g.nodes:
         node = nodes[j]
         operands = []
-        size = prod(node.shape if roles is None else _in_shape(region, node) if _is_red(node)
-                    else node.shape)
+        size = prod(_in_shape(region, node) if _is_red(node) else node.shape)
         bytes_eager += prod(node.shape) * T.STORAGE_DTYPE[node.dtype].itemsize
         refs = list(node.refs) + [("p", k) for k in range(len(node.params))]
         for kind, ref in refs:

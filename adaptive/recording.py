@@ -133,9 +133,7 @@ def _record(plan, args, kwargs):
         dtype, compute = typed
         shape, runner = None, None
     if shape is None:
-        first = shapes[0]
-        shape = tuple(first) if len(shapes) == 1 or all(s == first for s in shapes) else \
-            E.broadcast_shape(shapes)
+        shape = E.broadcast_shape(shapes)
     if 0 in shape:
         return None
     out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE)
@@ -333,7 +331,7 @@ def dispatch(func, args, kwargs):
             kind, plan = action
             if kind == "foreach":  # its per-tensor ops come back through per_tensor()
                 return _inner(func, args, kwargs)
-            out = (_record if kind == "record" else _record_inplace)(plan, args, kwargs)
+            out = _try_record(kind, plan, args, kwargs)
             if out is not None:
                 count_native(func)  # get_executed_ops() counts it, as plain eager would
                 return out
@@ -349,6 +347,12 @@ def dispatch(func, args, kwargs):
                         return out
             _sync(func, args, kwargs)
     return _inner(func, args, kwargs)
+
+
+def _try_record(kind: str, plan, args, kwargs):
+    """Record a call of a fusible ("record") or in-place fusible ("inplace") op; None when
+    it must run eagerly."""
+    return (_record if kind == "record" else _record_inplace)(plan, args, kwargs)
 
 
 _views: dict = {}  # id(op) -> whether it is a single-tensor view op
@@ -398,8 +402,7 @@ def per_tensor(func, args, kwargs):
     with _lock:
         action = _ACTIONS.get(id(func))
         if action is not None and action[0] != "foreach":
-            kind, plan = action
-            out = (_record if kind == "record" else _record_inplace)(plan, args, kwargs)
+            out = _try_record(*action, args, kwargs)
             if out is not None:
                 return out
         if _region.nodes:

@@ -143,10 +143,8 @@ def _red_step(j, node, recipes, buffered: bool) -> list[str]:
 def _red_end_streamed(j, name) -> list[str]:
     if name == "amax":
         return [f"        v{j} = st{j}(m{j})"]
-    lines = [f"        if cols % {BLOCK} != 0:", f"            t{j} += part{j}"]
-    if name == "mean":
-        return lines + [f"        v{j} = st{j}(t{j} / np.float32(cols))"]
-    return lines + [f"        v{j} = st{j}(t{j})"]
+    return [f"        if cols % {BLOCK} != 0:", f"            t{j} += part{j}"] + \
+        _sum_result(j, name)
 
 
 def _red_end(j, name) -> list[str]:
@@ -163,12 +161,16 @@ def _red_end(j, name) -> list[str]:
                 f"                if x{j} > m{j}:",
                 f"                    m{j} = x{j}",
                 f"        v{j} = st{j}(m{j})"]
-    lines = [f"        t{j} = np.float32(0.0)",
-             f"        for start in range(0, cols, {BLOCK}):",
-             f"            part{j} = np.float32(0.0)",
-             f"            for i in range(start, min(start + {BLOCK}, cols)):",
-             f"                part{j} += buf{j}[i]",
-             f"            t{j} += part{j}"]
+    return [f"        t{j} = np.float32(0.0)",
+            f"        for start in range(0, cols, {BLOCK}):",
+            f"            part{j} = np.float32(0.0)",
+            f"            for i in range(start, min(start + {BLOCK}, cols)):",
+            f"                part{j} += buf{j}[i]",
+            f"            t{j} += part{j}"] + _sum_result(j, name)
+
+
+def _sum_result(j, name) -> list[str]:
+    """The stored sum or mean of row total t{j}, as the eager kernel rounds it."""
     if name == "mean":
-        return lines + [f"        v{j} = st{j}(t{j} / np.float32(cols))"]
-    return lines + [f"        v{j} = st{j}(t{j})"]
+        return [f"        v{j} = st{j}(t{j} / np.float32(cols))"]
+    return [f"        v{j} = st{j}(t{j})"]

@@ -108,7 +108,8 @@ def _dtypes_uncached(op: Elementwise, keys) -> tuple[torch.dtype, str]:
     return common, numerics.compute_type(common)
 
 
-def broadcast_shape(shapes) -> tuple:
+def try_broadcast(shapes) -> tuple | None:
+    """The broadcast shape of `shapes`, or None if they do not broadcast."""
     first = shapes[0]
     if all(s == first for s in shapes):
         return tuple(first)
@@ -120,8 +121,15 @@ def broadcast_shape(shapes) -> tuple:
                 if out[i] == 1:
                     out[i] = size
                 elif out[i] != size:
-                    return tuple(torch.broadcast_shapes(*shapes))  # raises PyTorch's error
+                    return None
     return tuple(out)
+
+
+def broadcast_shape(shapes) -> tuple:
+    shape = try_broadcast(shapes)
+    if shape is None:
+        torch.broadcast_shapes(*shapes)  # raises PyTorch's error
+    return shape
 
 
 def _strided(t: NeuronTensor, shape, strides) -> np.ndarray:

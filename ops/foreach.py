@@ -22,8 +22,7 @@ def call(op, *args, **kwargs):
     """Run one per-tensor aten op: its registered kernel if any, else through dispatch."""
     if per_tensor is not None:
         return per_tensor(op, args, kwargs)
-    kernel = KERNELS.get(op)
-    return kernel(*args, **kwargs) if kernel is not None else op(*args, **kwargs)
+    return direct(op, args, kwargs)
 
 
 def direct(op, args, kwargs):
