@@ -20,9 +20,10 @@ import torch
 from neuron_eager.device_sim import config
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import foreach
-from neuron_eager.ops import numerics, sourceline
+from neuron_eager.ops import numerics
+from neuron_eager.ops.sourceline import user_frame
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.router import count_native
+from neuron_eager.ops.router import native_counter
 
 from . import plans
 
@@ -66,7 +67,7 @@ class Region:
     keeps tensors alive until the garbage collector runs (Note [No cycles]).
     """
 
-    __slots__ = ("nodes", "inputs", "input_index", "descs", "serial")
+    __slots__ = ("nodes", "inputs", "input_index", "descs", "sigs", "serial")
     _count = 0
 
     def __init__(self):
@@ -76,13 +77,16 @@ class Region:
         self.inputs: list[NeuronTensor] = []
         self.input_index: dict[int, int] = {}
         self.descs: list[tuple] = []  # (dtype, shape, stride) per input
+        self.sigs: list[tuple] = []  # (dtype, shape) per input: its part of a signature
 
     def input(self, t: NeuronTensor) -> int:
         m = self.input_index.get(id(t))
         if m is None:  # the region holds the tensor, so its id stays unique
             m = self.input_index[id(t)] = len(self.inputs)
             self.inputs.append(t)
-            self.descs.append((t.dtype, t.shape, t.stride()))
+            desc = (t.dtype, t.shape, t.stride())
+            self.descs.append(desc)
+            self.sigs.append(desc[:2])
         return m
 
 
@@ -101,11 +105,6 @@ _installed = False
 run_region = None  # set by fusion.py: run_region(region, reason)
 
 
-def _where() -> tuple[str, int]:
-    """The user's (file, line) behind the op being recorded."""
-    return sourceline.user_frame()
-
-
 def pending_node(t) -> Node | None:
     return t.__dict__.get("_node") if type(t) is NeuronTensor else None
 
@@ -118,52 +117,69 @@ def _record(plan, args, kwargs):
     if planned is None:
         return None
     op, operands, params = planned[0], planned[1], planned[2]
-    refs, raw, shapes, sig = _refs(_region, operands)
+    region = _region
+    refs, raw, sig = _refs(region, operands)
     if refs is None:
         return None
     if len(planned) > 3 and planned.dtype is not None:
-        dtype = planned.dtype
+        dtype, shape = planned.dtype, planned.shape
         compute = planned.compute or numerics.compute_type(dtype)
-        shape = planned.shape
+        if shape is None:
+            shape = E.broadcast_shape([o.shape for o in operands if type(o) is NeuronTensor])
+        if 0 in shape:
+            return None
         runner = planned.runner
     else:
-        typed = _promotion.get((op, sig))  # E.dtypes_for, keyed by what _refs saw
+        typed = _typed.get((op, sig))
         if typed is None:
-            typed = _promotion[(op, sig)] = E.dtypes_for(op, operands)
-        dtype, compute = typed
-        shape, runner = None, None
-    if shape is None:
-        shape = E.broadcast_shape(shapes)
-    if 0 in shape:
-        return None
+            typed = _type(op, operands, sig)
+        if typed is False:
+            return None
+        dtype, compute, shape = typed
+        runner = None
     out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE)
-    node = _add_node(op, refs, params, raw, dtype, compute, shape, out)
+    node = _add_node(region, op, refs, params, raw, dtype, compute, shape, out)
     node.runner = runner
-    if len(_region.nodes) >= options.max_ops:
+    if len(region.nodes) >= options.max_ops:
         flush("buffer limit")
     return out
 
 
-_promotion: dict = {}
+# (op, operand signature from _refs) -> (dtype, compute type, shape), or False: run eagerly
+_typed: dict = {}
+
+
+def _type(op, operands, sig):
+    """The result's dtype, compute type and (broadcast) shape, by PyTorch's rules; raises
+    what the eager kernel raises."""
+    dtype, compute = E.dtypes_for(op, operands)
+    shape = E.broadcast_shape([o.shape for o in operands if type(o) is NeuronTensor])
+    typed = _typed[(op, sig)] = (dtype, compute, shape) if 0 not in shape else False
+    return typed
 
 
 def _refs(region, operands):
-    """Operand refs of a new node, the raw scalars, the tensor shapes and the operands'
-    promotion signature (refs None: no tensor operand, run eagerly)."""
-    refs, raw, shapes, sig = [], [], [], []
+    """Operand refs of a new node (None: no neuron tensor operand, run eagerly), the raw
+    scalars, and the operands' signature: (dtype, shape) of each neuron tensor, the type of
+    each Python scalar, (dtype, is 0-dim) of each CPU scalar tensor."""
+    refs, raw, sig = [], [], []
+    tensors = False
     for a in operands:
         kind = type(a)
         if kind is NeuronTensor:
             node = a.__dict__.get("_node")
             if node is None:
-                refs.append(("i", region.input(a)))
+                m = region.input_index.get(id(a))
+                if m is None:
+                    m = region.input(a)
+                refs.append(("i", m))
+                sig.append(region.sigs[m])
             elif node.region == region.serial:
                 refs.append(("n", node.index))
+                sig.append((node.dtype, node.shape))
             else:
                 a._storage  # noqa: B018  (a result of a failed region: its hook says so)
-            shape = a.shape
-            shapes.append(shape)
-            sig.append((a.dtype, not shape))
+            tensors = True
         elif isinstance(a, torch.Tensor):
             T.check_foreign(a)  # a CPU 0-dim tensor: its value is read on the host now
             refs.append(("s", len(raw)))
@@ -173,16 +189,20 @@ def _refs(region, operands):
             refs.append(("s", len(raw)))
             raw.append(a)
             sig.append(kind)
-    return (refs if shapes else None), raw, shapes, tuple(sig)
+    return (tuple(refs) if tensors else None), raw, tuple(sig)
 
 
-def _add_node(op, refs, params, raw, dtype, compute, shape, out, target=None,
+def _add_node(region, op, refs, params, raw, dtype, compute, shape, out, target=None,
               inplace=False) -> Node:
-    region = _region
-    cast = numerics.SCALAR_CAST[compute]
-    scalars = [cast(v.item() if isinstance(v, torch.Tensor) else v) for v in raw]
-    if params:
-        scalars += [cast(p) for p in params]
+    """A new node of `region` computing `out`. Its key names scalars by position only
+    ("s", k): their values are kernel arguments, so a new learning rate is not a new kernel."""
+    if raw or params:
+        cast = numerics.SCALAR_CAST[compute]
+        scalars = [cast(v.item() if isinstance(v, torch.Tensor) else v) for v in raw]
+        if params:
+            scalars += [cast(p) for p in params]
+    else:
+        scalars = raw
     node = Node()
     node.index, node.region, node.error = len(region.nodes), region.serial, None
     node.op, node.refs, node.params, node.raw = op, refs, params, raw
@@ -190,17 +210,28 @@ def _add_node(op, refs, params, raw, dtype, compute, shape, out, target=None,
     node.dtype, node.compute, node.shape = dtype, compute, shape
     node.runner, node.target, node.inplace = None, target, inplace
     node.views, node.stride, node.offset = None, None, 0
-    node.key = (op, tuple([r if r[0] != "s" else _SCALAR_REF for r in refs]), len(params),
-                dtype, shape, compute, inplace, target)
-    node.where = _where()
+    node.key = (op, refs, len(params), dtype, shape, compute, inplace, target)
+    node.where = user_frame(2)  # above the recorder and the dispatcher that called it
     out._node = node
     node.outs = [weakref.ref(out)]
     region.nodes.append(node)
     return node
 
 
-_inplace_types: dict = {}  # (op, operand signature, dtype) -> compute type, "" if refused
-_SCALAR_REF = ("s",)  # scalars are arguments: their values are not part of a plan's key
+_inplace_types: dict = {}  # (op, operand signature) -> compute type, "" if refused
+
+
+def _inplace_type(op, operands, a) -> str:
+    """The compute type of `op` updating `a`, "" when the eager kernel raises (a result
+    type that cannot be cast to a's dtype, operands that do not broadcast to a's shape)."""
+    promoted, compute = E.dtypes_for(op, operands)
+    if not torch.can_cast(promoted, a.dtype):
+        return ""
+    shape = tuple(a.shape)
+    for o in operands:
+        if type(o) is NeuronTensor and E.try_broadcast([o.shape, shape]) != shape:
+            return ""
+    return compute
 _DATA = ("_storage", "_nd", "_flat", "_key")
 
 
@@ -229,33 +260,27 @@ def _record_inplace(plan, args, kwargs):
         storage = d.get("_storage")
         if storage is None or sys.getrefcount(storage) > 3:  # d, `storage`, the call's arg
             return None
-    shape = a.shape
-    sig = tuple((o.dtype, not o.shape) if isinstance(o, torch.Tensor) else type(o)
-                for o in operands)
-    key = (op, sig, a.dtype)
-    compute = _inplace_types.get(key)
+    sig = (op, tuple((o.dtype, o.shape) if isinstance(o, torch.Tensor) else type(o)
+                     for o in operands))
+    compute = _inplace_types.get(sig)
     if compute is None:
-        promoted, compute = E.dtypes_for(op, operands)
-        compute = _inplace_types[key] = compute if torch.can_cast(promoted, a.dtype) else ""
+        compute = _inplace_types[sig] = _inplace_type(op, operands, a)
     if not compute:
         return None  # the eager kernel raises
-    for o in operands:
-        if type(o) is NeuronTensor and o.shape != shape and \
-                E.broadcast_shape([o.shape, shape]) != tuple(shape):
-            return None  # the eager kernel raises
+    refs, raw, _ = _refs(region, operands)
     if old is not None:
-        refs, raw, _, _ = _refs(region, operands)
         target, old.target = old.target, None  # only the last writer writes a's memory
         old.outs = [r for r in old.outs if r() is not a]
     else:
-        refs, raw, _, _ = _refs(region, operands)
         target = region.input(a)
-        region.inputs[target] = T.make(storage, shape, a.stride(), a.storage_offset(), a.dtype)
+        region.inputs[target] = T.make(storage, a.shape, a.stride(), a.storage_offset(),
+                                       a.dtype)
         del region.input_index[id(a)]  # later reads of `a` name the node
         del storage
         for name in _DATA:
             d.pop(name, None)
-    _add_node(op, refs, params, raw, a.dtype, compute, tuple(a.shape), a, target, True)
+    _add_node(region, op, refs, params, raw, a.dtype, compute, tuple(a.shape), a, target,
+              True)
     if len(region.nodes) >= options.max_ops:
         flush("buffer limit")
     return a
@@ -315,8 +340,9 @@ def _sync(func, args, kwargs) -> None:
 _HOST_READS = {id(aten._local_scalar_dense.default), id(aten._to_copy.default)}
 
 
-# id(op) -> ("record" | "inplace" | "foreach", plan), filled by install(): keyed by id
-# because OpOverload hashes in Python (several microseconds a lookup on the hot path)
+# id(op) -> (recorder, plan, native-run counter): recorder is _record, _record_inplace, or
+# None for a foreach op. Filled by install(); keyed by id because OpOverload hashes in Python
+# (several microseconds a lookup on the hot path).
 _ACTIONS: dict = {}
 _DETACH = aten.detach.default
 
@@ -328,12 +354,12 @@ def dispatch(func, args, kwargs):
     action = _ACTIONS.get(id(func))
     with _lock:
         if action is not None:
-            kind, plan = action
-            if kind == "foreach":  # its per-tensor ops come back through per_tensor()
+            recorder, plan, counter = action
+            if recorder is None:  # a foreach op: its per-tensor ops come back through per_tensor()
                 return _inner(func, args, kwargs)
-            out = _try_record(kind, plan, args, kwargs)
+            out = recorder(plan, args, kwargs)
             if out is not None:
-                count_native(func)  # get_executed_ops() counts it, as plain eager would
+                counter[2] += 1  # get_executed_ops() counts it, as plain eager would
                 return out
         if _region.nodes:
             node = pending_node(args[0]) if args else None
@@ -343,16 +369,10 @@ def dispatch(func, args, kwargs):
                 if _is_view(func):
                     out = _record_view(func, node, args, kwargs)
                     if out is not None:
-                        count_native(func)
+                        native_counter(func)[2] += 1
                         return out
             _sync(func, args, kwargs)
     return _inner(func, args, kwargs)
-
-
-def _try_record(kind: str, plan, args, kwargs):
-    """Record a call of a fusible ("record") or in-place fusible ("inplace") op; None when
-    it must run eagerly."""
-    return (_record if kind == "record" else _record_inplace)(plan, args, kwargs)
 
 
 _views: dict = {}  # id(op) -> whether it is a single-tensor view op
@@ -384,7 +404,8 @@ def _record_view(func, node: Node, args, kwargs):
     shape, stride, offset, dtype = layout
     out = _make_wrapper(NeuronTensor, shape, strides=stride, storage_offset=offset,
                         dtype=dtype, device=T.DEVICE)
-    view = _add_node(plans.VIEW, [("n", node.index)], (), [], dtype, "f32", shape, out)
+    view = _add_node(_region, plans.VIEW, (("n", node.index),), (), [], dtype, "f32", shape,
+                     out)
     view.stride, view.offset = stride, offset
     key = view.key
     view.key = key[:4] + ((shape, stride, offset),) + key[5:]
@@ -401,8 +422,8 @@ def per_tensor(func, args, kwargs):
     recorded like a user's op, or run after the flush it needs; not counted again."""
     with _lock:
         action = _ACTIONS.get(id(func))
-        if action is not None and action[0] != "foreach":
-            out = _try_record(*action, args, kwargs)
+        if action is not None and action[0] is not None:
+            out = action[0](action[1], args, kwargs)
             if out is not None:
                 return out
         if _region.nodes:
@@ -491,6 +512,7 @@ def _move(source: Region, moved: list, target: Region, kept: dict) -> None:
             inputs[m] = len(target.inputs)
             target.inputs.append(source.inputs[m])
             target.descs.append(source.descs[m])
+            target.sigs.append(source.sigs[m])
         return inputs[m]
 
     for k, n in enumerate(moved):
@@ -503,17 +525,17 @@ def _move(source: Region, moved: list, target: Region, kept: dict) -> None:
                 m = len(target.inputs)
                 target.inputs.append(t)
                 target.descs.append((t.dtype, t.shape, t.stride()))
+                target.sigs.append((t.dtype, t.shape))
                 refs.append(("i", m))
             elif kind == "i":
                 refs.append(("i", new_input(ref)))
             else:
                 refs.append((kind, ref))
-        n.refs, n.index, n.region = refs, k, target.serial
+        n.refs, n.index, n.region = tuple(refs), k, target.serial
         if n.target is not None:
             n.target = new_input(n.target)
         key = n.key
-        n.key = (key[0], tuple([r if r[0] != "s" else _SCALAR_REF for r in refs])) + \
-            key[2:7] + (n.target,)
+        n.key = (key[0], n.refs) + key[2:7] + (n.target,)
         target.nodes.append(n)
     by_index = {m: key for key, m in source.input_index.items()}
     for m, k in inputs.items():
@@ -523,10 +545,12 @@ def _move(source: Region, moved: list, target: Region, kept: dict) -> None:
 
 def install() -> None:
     global _inner, _installed, active
-    for table, kind in ((E.FUSIBLE, "record"), (plans.PLANS, "record"),
-                        (E.FUSIBLE_INPLACE, "inplace")):
-        _ACTIONS.update({id(op): (kind, plan) for op, plan in table.items()})
-    _ACTIONS.update({id(op): ("foreach", None) for op in foreach.FOREACH_KERNELS})
+    if not _ACTIONS:  # once: the tables are complete when the ops package is imported
+        for table, recorder in ((E.FUSIBLE, _record), (plans.PLANS, _record),
+                                (E.FUSIBLE_INPLACE, _record_inplace)):
+            _ACTIONS.update({id(op): (recorder, plan, native_counter(op))
+                             for op, plan in table.items()})
+        _ACTIONS.update({id(op): (None, None, None) for op in foreach.FOREACH_KERNELS})
     foreach.per_tensor = per_tensor
     active = True
     if not _installed:  # else still in the chain, under a dispatcher installed later

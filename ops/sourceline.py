@@ -32,20 +32,34 @@ def _internal_dirs() -> tuple[str, ...]:
     return found
 
 
-def user_frame() -> tuple[str, int]:
+_is_internal: dict = {}  # code object -> whether it belongs to torch or neuron-eager
+
+
+def user_frame(skip: int = 0) -> tuple[str, int]:
     """(file, line) of the innermost frame outside torch and neuron-eager.
 
     Ops that autograd runs on its worker thread have no user frame: they are reported as
-    coming from "<autograd backward>".
+    coming from "<autograd backward>". Adaptive eager asks for every recorded op, so each
+    code object is classified once; `skip` internal frames above the caller are not looked at.
     """
-    internal = _internal_dirs()
-    frame = sys._getframe(1)
+    frame = sys._getframe(1 + skip)
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(internal) and not filename.startswith("<frozen"):
-            return filename, frame.f_lineno
+        code = frame.f_code
+        internal = _is_internal.get(code)
+        if internal is None:
+            internal = _classify(code)
+        if not internal:
+            return code.co_filename, frame.f_lineno
         frame = frame.f_back
     return "<autograd backward>", 0
+
+
+def _classify(code) -> bool:
+    dirs = _internal_dirs()
+    internal = code.co_filename.startswith(dirs) or code.co_filename.startswith("<frozen")
+    if dirs is _internal:  # complete: the answer is final
+        _is_internal[code] = internal
+    return internal
 
 
 def warn_at_user_line(message: str, category=UserWarning) -> None:

@@ -269,17 +269,17 @@ def test_backward_matches_plain_eager():
     both_modes(step)
     adaptive.enable()
     threads = set()
-    recorded = recording._record
+    recorded = recording._add_node
 
     def spy(*a):
         threads.add(threading.get_ident())
         return recorded(*a)
 
-    recording._record = spy
+    recording._add_node = spy
     try:
         step()
     finally:
-        recording._record = recorded
+        recording._add_node = recorded
     assert len(threads) == 2  # the backward's elementwise ops were recorded on its thread
 
 
