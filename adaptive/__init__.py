@@ -83,8 +83,9 @@ def explain(last: int = 5) -> str:
         lines.append(f"region of {count} ops, flushed by {reason}:")
         for g, mode in zip(plan.groups, modes):
             ops = " -> ".join(plan.names[j] for j in g.nodes)
-            at = ", ".join(f"{f}:{n}" for f, n in sorted({wheres[j] for j in g.nodes}))
-            lines.append(f"  {ops}  [{mode}, {prod(g.shape)} elements]  at {at}")
+            at = ", ".join(f"{f}:{n}" for f, n in sorted({wheres[j] for j in g.all_nodes()}))
+            elements = sum(prod(member.shape) for member in g.batch)
+            lines.append(f"  {ops}  [{mode}, {elements} elements]  at {at}")
     return "\n".join(lines) if lines else "no regions run yet"
 
 

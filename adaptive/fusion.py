@@ -40,11 +40,16 @@ class Group:
     each node a role: "full", "row" or "red" (adaptive/rowgen.py)."""
 
     __slots__ = ("nodes", "stored", "shape", "spec", "arrays", "scalars", "engine",
-                 "moved", "not_moved", "kernel", "full", "k", "roles", "fixed", "view")
+                 "moved", "not_moved", "kernel", "full", "k", "roles", "fixed", "view",
+                 "batch")
 
     def __init__(self, j: int, shape: tuple):
         self.nodes, self.shape, self.spec, self.kernel = [j], shape, None, None
         self.full, self.k, self.roles, self.fixed, self.view = None, 0, {}, False, False
+        self.batch = (self,)  # the groups one launch runs (Note [Batches])
+
+    def all_nodes(self) -> list[int]:
+        return self.nodes if len(self.batch) == 1 else [j for g in self.batch for j in g.nodes]
 
 
 class Plan:
@@ -222,7 +227,47 @@ def _plan(region, alive: list[bool]) -> Plan:
                 _lay_out_row(region, g)
         elif len(g.nodes) > 1:
             _lay_out(region, g)
-    return Plan(groups, [node.op.name for node in nodes])
+    return Plan(_batch(region, groups), [node.op.name for node in nodes])
+
+
+# Note [Batches]
+# An optimizer step records the same chain once per parameter; parameters of one shape share
+# a group, and each other shape makes a group with the same kernel spec (shapes are kernel
+# arguments). Such groups run as one launch, as a multi-tensor kernel does on a device: the
+# batch kernel runs each group's loop in turn. A later group joins an earlier one only if it
+# may run at the earlier one's place: nothing between them computes a value it reads or
+# reads the old value of memory it writes. Large groups stay apart (they split across
+# threads on their own).
+def _batch(region, groups: list) -> list:
+    nodes = region.nodes
+    heads: dict = {}  # spec -> index in `kept` of the batch that groups may join
+    kept: list = []
+    for g in groups:
+        spec = g.spec
+        if spec is None or spec[0] == "r" or prod(g.shape) >= E.SPLIT_MIN:
+            kept.append(g)
+            continue
+        at = heads.get(spec)
+        if at is not None and _may_move(nodes, g, kept[at + 1:]):
+            head = kept[at]
+            head.batch = head.batch + (g,)
+            continue
+        heads[spec] = len(kept)
+        kept.append(g)
+    return kept
+
+
+def _may_move(nodes, g: Group, between: list) -> bool:
+    """Whether `g` may run before the groups `between` (Note [Batches])."""
+    reads_n = {ref for j in g.nodes for kind, ref in nodes[j].refs if kind == "n"}
+    writes = {nodes[j].target for j in g.nodes if nodes[j].target is not None}
+    for other in between:
+        for j in other.all_nodes():
+            if j in reads_n:
+                return False
+            if writes and any(kind == "i" and ref in writes for kind, ref in nodes[j].refs):
+                return False
+    return True
 
 
 def _load_code(node, dtype) -> str:
@@ -383,7 +428,7 @@ def _resolve(region, values, kind, ref):
 
 def _run_ops(region, values, g: Group) -> None:
     """The group's ops one by one, through the normal kernels."""
-    for j in g.nodes:
+    for j in g.all_nodes():
         node = region.nodes[j]
         operands = [node.raw[ref] if kind == "s" else _resolve(region, values, kind, ref)
                     for kind, ref in node.refs]
@@ -413,29 +458,22 @@ def _run_fused(region, values, g: Group) -> str | None:
     nodes = region.nodes
     kernel = g.kernel
     compiled = False
+    spec = g.spec if len(g.batch) == 1 else ("batch", len(g.batch), g.spec)
     if kernel is None:
         label = "+".join(nodes[j].op.name for j in g.nodes)
-        kernel, compiled = codegen.kernel_for(
-            g.spec, label, rowgen.source if g.spec[0] == "r" else codegen.source)
+        if len(g.batch) > 1:
+            label = f"{len(g.batch)} x {label}"
+        make_source = rowgen.source if spec[0] == "r" else \
+            codegen.batch_source if spec[0] == "batch" else codegen.source
+        kernel, compiled = codegen.kernel_for(spec, label, make_source)
         g.kernel = kernel
     if kernel is codegen.FAILED:
         return None
-    views, sources = g.arrays
     args = []
-    for k, j in enumerate(g.stored):
-        node = nodes[j]
-        out = values[j] = _output(region, node)
-        args.append(_view(out, *views[k]))
-    base = len(g.stored)
-    for k, (kind, ref) in enumerate(sources):
-        args.append(_view(_resolve(region, values, kind, ref), *views[base + k]))
-    for entry in g.scalars:
-        if entry[0] == "t":
-            args.append(_resolve(region, values, entry[1], entry[2])._nd[()])
-        else:
-            args.append(nodes[entry[1]].scalars[entry[2]])
+    for member in g.batch:
+        _arguments(region, values, member, args)
     if compiled:
-        seconds = codegen.first_call(g.spec, kernel, args)
+        seconds = codegen.first_call(spec, kernel, args)
         if seconds is None:
             g.kernel = codegen.FAILED
             stats["compile_failures"] += 1
@@ -451,10 +489,34 @@ def _run_fused(region, values, g: Group) -> str | None:
         else:
             kernel(*args)
         stats["cache_hits"] += 1
-    core.launch(g.engine, prod(g.shape), g.moved)
+    if len(g.batch) == 1:
+        core.launch(g.engine, prod(g.shape), g.moved)
+        stats["hbm_bytes_not_moved"] += g.not_moved
+    else:
+        engine = "scalar" if any(m.engine == "scalar" for m in g.batch) else "vector"
+        core.launch(engine, sum(prod(m.shape) for m in g.batch), sum(m.moved for m in g.batch))
+        stats["hbm_bytes_not_moved"] += sum(m.not_moved for m in g.batch)
     stats["fused_kernels"] += 1
-    stats["hbm_bytes_not_moved"] += g.not_moved
-    return "fused (compiled)" if compiled else "fused (cache hit)"
+    how = "fused (compiled)" if compiled else "fused (cache hit)"
+    return how if len(g.batch) == 1 else f"{how}, one launch for {len(g.batch)} groups"
+
+
+def _arguments(region, values, g: Group, args: list) -> None:
+    """Append the kernel arguments of group `g`: its outputs (allocated now), the arrays it
+    reads, its scalars."""
+    nodes = region.nodes
+    views, sources = g.arrays
+    for k, j in enumerate(g.stored):
+        out = values[j] = _output(region, nodes[j])
+        args.append(_view(out, *views[k]))
+    base = len(g.stored)
+    for k, (kind, ref) in enumerate(sources):
+        args.append(_view(_resolve(region, values, kind, ref), *views[base + k]))
+    for entry in g.scalars:
+        if entry[0] == "t":
+            args.append(_resolve(region, values, entry[1], entry[2])._nd[()])
+        else:
+            args.append(nodes[entry[1]].scalars[entry[2]])
 
 
 def run_region(region, reason: str) -> None:
@@ -492,7 +554,7 @@ def run_region(region, reason: str) -> None:
             _give_storage(nodes, values, range(len(nodes)))
             raise error from e
         finally:
-            _give_storage(nodes, values, g.nodes)
+            _give_storage(nodes, values, g.all_nodes())
         modes.append(mode)
     stats["ops_recorded"] += len(nodes)
     stats["regions"] += 1

@@ -12,6 +12,7 @@ import linecache
 from itertools import count
 
 import numpy as np
+import numba
 from numba import njit
 
 from neuron_eager.ops import numerics
@@ -87,7 +88,7 @@ def jit_source(src: str, namespace: dict, label: str):
     """
     filename = f"<neuron-kernel {label} #{next(_ids)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    namespace = dict(namespace, np=np)
+    namespace = dict(namespace, np=np, numba=numba, JIT_OPTIONS=JIT_OPTIONS)
     exec(compile(src, filename, "exec"), namespace)
     stats["compiled"] += 1
     return njit(**JIT_OPTIONS)(namespace["kernel"])
