@@ -15,11 +15,11 @@ import numpy as np
 import torch
 from numba import njit
 from numba.core.extending import get_cython_function_address
-from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops._compat import torch_lapack_library
+from neuron_eager.ops.meta import meta_run
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -83,16 +83,6 @@ def from_f(w, ld, out):
 
 
 # -- shared plumbing -----------------------------------------------------------------------
-def meta_run(op, *args, **kwargs):
-    """Run `op` on meta copies of the tensors: CPU-identical checks and output shapes."""
-    def to_meta(a):
-        if isinstance(a, torch.Tensor):
-            return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
-        return a
-
-    return op(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
-
-
 def check_float(x: torch.Tensor, cpu_name: str) -> None:
     """The CPU's LAPACK kernels have no 16-bit float versions."""
     if x.dtype not in (torch.float32, torch.float64):

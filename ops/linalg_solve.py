@@ -16,8 +16,9 @@ from numba import njit
 
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.linalg import (I32, JIT, F32, at, batch3, check_errors_kernel, check_float,
-                                     finish, from_f, launch, lu_factor, meta_run, new, to_f,
-                                     view3, _binding)
+                                     finish, from_f, launch, lu_factor, new, to_f, view3,
+                                     _binding)
+from neuron_eager.ops.meta import meta_run
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten

@@ -17,7 +17,8 @@ from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.matmul import narrow_into, widen
-from neuron_eager.ops.norm import f32_vector, finish, kernel_for, lane_total, meta_run, staged
+from neuron_eager.ops.meta import meta_run
+from neuron_eager.ops.norm import f32_vector, finish, kernel_for, lane_total, staged
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.tensor import dtype_name as _dtype_name
 

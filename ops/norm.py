@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 from numba import njit
-from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
+from neuron_eager.ops.meta import meta_run
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -33,16 +33,6 @@ def kernel_for(build, load_code: str, store_code: str):
         kernel = _kernels[key] = build(numerics.loader(load_code, "f32"),
                                        numerics.storer(store_code))
     return kernel
-
-
-def meta_run(op, *args):
-    """Run `op` on meta copies of the arguments: CPU-identical checks and output metadata."""
-    def to_meta(a):
-        if isinstance(a, torch.Tensor):
-            return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
-        return a
-
-    return op(*tree_map(to_meta, args))
 
 
 def staged(shape, dtype: torch.dtype, stat: bool = False):

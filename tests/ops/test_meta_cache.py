@@ -1,0 +1,37 @@
+"""ops/meta.py: cached meta runs give the CPU's checks and output metadata."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_eager  # noqa: F401
+from neuron_eager.ops import meta
+
+N = torch.device("neuron")
+
+
+def test_bad_arguments_raise_every_time():
+    x = torch.randn(4, 6)
+    with pytest.raises(RuntimeError, match="normalized_shape=\\[5\\]"):
+        F.layer_norm(x, (5,))
+    for _ in range(2):  # a failed run is not cached: it raises again
+        with pytest.raises(RuntimeError, match="normalized_shape=\\[5\\]"):
+            F.layer_norm(x.to(N), (5,))
+
+
+def test_repeated_calls_reuse_the_run_and_match_cpu():
+    x, w = torch.randn(3, 5, 8), torch.randn(8)
+    expected = torch.ops.aten.native_layer_norm(x, [8], w, None, 1e-5)
+    got = torch.ops.aten.native_layer_norm(x.to(N), [8], w.to(N), None, 1e-5)
+    size = len(meta._cache)
+    again = torch.ops.aten.native_layer_norm(x.to(N), [8], w.to(N), None, 1e-5)
+    assert len(meta._cache) == size
+    for e, g, a in zip(expected, got, again):
+        assert g.shape == a.shape == e.shape and g.dtype == a.dtype == e.dtype
+        torch.testing.assert_close(a.cpu(), e, rtol=1e-5, atol=1e-5)
+
+
+def test_signature_tells_layouts_and_values_apart():
+    t = torch.empty(2, 3)
+    assert meta._signature(t) != meta._signature(t.t().contiguous().t())
+    assert meta._signature([1, 2]) != meta._signature((1, 2))
+    assert meta._signature(1e-5) != meta._signature(1e-6)
