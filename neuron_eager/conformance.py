@@ -25,6 +25,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 import neuron_eager
+from neuron_eager.progress import Progress
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
@@ -298,15 +299,14 @@ def main(argv=None) -> int:
     jobs = [(info, dtype, mode) for info in infos for mode in modes
             for dtype in (dtypes if mode == "forward" else
                           [d for d in dtypes if d in backward_dtypes])]
+    progress = Progress(len(jobs))
     for n, (info, dtype, mode) in enumerate(jobs, 1):
         if time.perf_counter() > deadline:
             print(f"\ntime budget reached after {n - 1} of {len(jobs)} checks", file=sys.stderr)
             break
         results.append(check(info, dtype, mode, args.samples))
-        done = int(40 * n / len(jobs))
-        print(f"\r[{'#' * done}{'.' * (40 - done)}] {n}/{len(jobs)} {_op_name(info)[:30]:<30}",
-              end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+        progress.step(_op_name(info))
+    progress.close()
     summary = summarize(results)
     print(f"{'mode':<10}" + "".join(f"{s:>11}" for s in STATUSES) + f"{'native %':>10}"
           f"{'+fallback %':>13}")

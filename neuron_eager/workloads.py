@@ -290,7 +290,7 @@ def _transformer(device, batch, block, n_embd, n_head, n_layer, vocab):
     model.to(device)
     g = torch.Generator().manual_seed(41)
     tokens = torch.randint(0, vocab, (batch, block + 1), generator=g)
-    idx, targets = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    idx, targets = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
     # nanoGPT's optimizer: AdamW, decay on matrices only (the default, foreach, implementation)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
