@@ -219,13 +219,18 @@ def run_job(job: Job, modes=MODES, warmup: int = 3, repeat: int = 5,
             sides["cpu"].once(k >= warmup)
             if progress is not None and not device_sides:
                 progress.step(f"{job.name} {job.size}")
+        time.sleep(_SPIN_S)  # the next job's device steps start on idle cores
     return sides
+
+
+_SPIN_S = 0.3
 
 
 # Note [CPU last]
 # After a parallel region torch's OpenMP workers keep spinning for a while. Stepped in turn
 # with the device modes, they took a core from the next device step (a small transformer's
-# plain step went from 14 to 28 ms on 2 cores), so the CPU mode's steps run after them.
+# plain step went from 14 to 28 ms on 2 cores), so the CPU mode's steps run after them, and
+# the next job waits a moment before its device steps.
 
 
 def _ratio(a, b):

@@ -315,13 +315,28 @@ def cpu_alias(t: NeuronTensor) -> torch.Tensor:
     return torch.from_numpy(arr.reshape(1)).reshape(())
 
 
+# Note [Host copies]
+# Copies between host and HBM go through NumPy, on the calling thread: torch's own copy
+# would wake its OpenMP workers, which then spin for a while on the cores that the engines'
+# kernel threads (ops/elementwise.py) need next (a 1M-element fused softmax ran 1.5x slower
+# after each `.cpu()` of its result).
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor's elements in the storage format of STORAGE_DTYPE."""
+    t = t.detach().resolve_conj().resolve_neg()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
 def to_cpu(t: NeuronTensor) -> torch.Tensor:
-    """A contiguous CPU copy of `t`."""
-    return cpu_alias(t).clone(memory_format=torch.contiguous_format)
+    """A contiguous CPU copy of `t` (Note [Host copies])."""
+    out = torch.empty(t.shape, dtype=t.dtype)
+    np.copyto(host_array(out), t._nd)
+    return out
 
 
 def from_cpu(src: torch.Tensor) -> NeuronTensor:
     """A new contiguous neuron tensor holding a copy of the CPU tensor `src`."""
     out = empty(src.shape, src.dtype)
-    cpu_alias(out).copy_(src)
+    np.copyto(out._nd, host_array(src))
     return out
