@@ -1,6 +1,6 @@
 """`neuron-eager bench`: plain eager against adaptive eager (and torch on the CPU), side by side.
 
-    neuron-eager bench                           # --quick: the small sizes, about a minute
+    neuron-eager bench                           # --quick: the small sizes, ~20 s on 2 cores
     neuron-eager bench --full                    # small and medium sizes, more steps
     neuron-eager bench --workloads gelu,mlp --sizes medium
     neuron-eager bench --script my_model.py:make_step
