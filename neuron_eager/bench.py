@@ -268,8 +268,10 @@ def machine() -> dict:
 
 
 # -- output ---------------------------------------------------------------------------------
-def _f(value, spec: str, width: int) -> str:
-    return f"{value:{width}{spec}}" if value is not None else f"{'-':>{width}}"
+def _f(value, spec: str, width: int, unit: str = "") -> str:
+    if value is None:
+        return f"{'-':>{width + len(unit)}}"
+    return f"{value:{width}{spec}}{unit}"
 
 
 def table(results: list[dict]) -> str:
@@ -291,15 +293,17 @@ def table(results: list[dict]) -> str:
         lines.append(
             f"{r['workload'][:13]:<13}{r['size']:>6} |{_f(wall(cpu), '.2f', 8)}"
             f"{_f(wall(plain), '.2f', 9)}{_f(wall(fast), '.2f', 9)}"
-            f"{_f(ratio.get('wall'), '.2f', 6)}x |"
+            f"{_f(ratio.get('wall'), '.2f', 6, 'x')} |"
             f"{_f(get(plain, 'launches_per_step'), '.0f', 7)}"
-            f"{_f(get(fast, 'launches_per_step'), '.0f', 7)}{_f(ratio.get('launches'), '.2f', 6)}x |"
+            f"{_f(get(fast, 'launches_per_step'), '.0f', 7)}"
+            f"{_f(ratio.get('launches'), '.2f', 6, 'x')} |"
             f"{_f(get(plain, 'device_ms_per_step'), '.3f', 8)}"
-            f"{_f(get(fast, 'device_ms_per_step'), '.3f', 8)}{_f(ratio.get('device'), '.2f', 6)}x |"
+            f"{_f(get(fast, 'device_ms_per_step'), '.3f', 8)}"
+            f"{_f(ratio.get('device'), '.2f', 6, 'x')} |"
             f"{_f(get(plain, 'hbm_mb_moved_per_step'), '.2f', 8)}"
             f"{_f(get(fast, 'hbm_mb_moved_per_step'), '.2f', 7)} |"
             f"{_f(get(plain, 'peak_hbm_mb'), '.2f', 7)}{_f(get(fast, 'peak_hbm_mb'), '.2f', 6)} |"
-            f"{_f(get(fast, 'compile_s'), '.2f', 7)}s | {bits}")
+            f"{_f(get(fast, 'compile_s'), '.2f', 7, 's')} | {bits}")
     return "\n".join(lines)
 
 
@@ -317,10 +321,13 @@ def plot(results: list[dict], path: Path) -> bool:
               ("kernels launched per step", lambda s: s["launches_per_step"], DEVICE_MODES),
               ("simulated device time per step (ms)", lambda s: s["device_ms_per_step"],
                DEVICE_MODES)]
+    panels = [(title, value, [m for m in modes if any(m in r["modes"] for r in results)])
+              for title, value, modes in panels]
+    panels = [panel for panel in panels if panel[2]]  # e.g. no device panels for --modes cpu
     colors = {"cpu": "#9e9e9e", "plain": "#1f77b4", "adaptive": "#ff7f0e"}
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.1 * len(labels) + 2), 10))
-    for ax, (title, value, modes) in zip(axes, panels):
-        present = [m for m in modes if any(m in r["modes"] for r in results)]
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False,
+                             figsize=(max(8, 1.1 * len(labels) + 2), 3.4 * len(panels)))
+    for ax, (title, value, present) in zip(axes[:, 0], panels):
         width = 0.8 / max(len(present), 1)
         for k, mode in enumerate(present):
             xs = [i + (k - (len(present) - 1) / 2) * width for i in range(len(results))]

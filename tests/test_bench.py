@@ -117,3 +117,11 @@ def test_cli_dispatches_and_explains(capsys):
     assert "bench" in capsys.readouterr().out
     assert cli.main(["frobnicate"]) == 2
     assert "unknown command" in capsys.readouterr().err
+
+
+def test_cpu_mode_alone(tmp_path):
+    assert bench.main(["--modes", "cpu", "--workloads", "gelu", "--warmup", "0", "--repeat",
+                       "1", "--out", str(tmp_path)]) == 0
+    (r,) = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert set(r["modes"]) == {"cpu"} and r["ratios"] == {}
+    assert (tmp_path / "bench.png").exists()
