@@ -35,7 +35,8 @@ stats: dict = dict(STATS_ZERO)
 
 def resolve(recipe: tuple):
     """The jitted function a recipe names: ("op", name) an elementwise op's scalar function
-    (Note [Ops by name]), ("loader", code, compute) or ("storer", code[, stochastic]).
+    (Note [Ops by name]), ("loader", code, compute), ("storer", code[, stochastic]) or
+    ("bits", "f32_as_u32" | "u32_as_f32") a bit cast.
 
     >>> resolve(("storer", "f32"))(1.5)
     1.5
@@ -47,6 +48,8 @@ def resolve(recipe: tuple):
         return numerics.loader(*args)
     if kind == "storer":
         return numerics.storer(*args)
+    if kind == "bits" and args[0] in ("f32_as_u32", "u32_as_f32"):
+        return getattr(numerics, args[0])
     raise ValueError(f"unknown kernel recipe {recipe!r}")
 
 

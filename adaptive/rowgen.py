@@ -13,7 +13,10 @@ buffer in L1; plain arithmetic passes reduce as they go.
 """
 from __future__ import annotations
 
-from neuron_eager.ops import reduction
+import torch
+
+from neuron_eager.ops import numerics, reduction
+from neuron_eager.ops import tensor as T
 
 # Note [Passes]
 # A hand-written softmax `e = (x - x.amax(-1, keepdim=True)).exp(); e / e.sum(-1, keepdim=True)`
@@ -68,54 +71,76 @@ def source(spec) -> tuple[str, dict]:
         return f"{pad}v{j} = st{j}(f{j}({', '.join(args)}))"
 
     last = max(avail, default=0)
+    work = []  # per pass: (pass, reductions, values computed, values read from a keep buffer)
     for p in range(last + 1):
+        reds = [j for j, node in enumerate(nodes) if node[0] == "red" and passes[j] == p]
+        here = [j for j, node in enumerate(nodes) if node[0] == "full" and passes[j] == p]
+        needed, reused = set(here), set()
+        for j in reversed(range(len(nodes))):  # full values these read, recomputed here...
+            if j in needed and passes[j] < p and nodes[j][1].engine == "scalar":
+                reused.add(j)  # ...unless a transcendental: kept (Note [Keep buffers])
+                continue
+            if j in needed or j in reds:
+                for kind, ref, *_ in nodes[j][2]:
+                    if kind == "v" and nodes[ref][0] == "full":
+                        needed.add(ref)
+        work.append((p, reds, here, needed, reused))
+    kept = set().union(*(reused for *_, reused in work))
+    lines[2:2] = [f"    keep{j} = np.empty(cols, {_np_type(nodes[j][4])})" for j in sorted(kept)]
+    for p, reds, here, needed, reused in work:
         for j, node in enumerate(nodes):
             if node[0] == "row" and avail[j] == p:
                 lines.append(value(j, " " * 8, "0"))
                 if j in store_of:
                     lines.append(f"        o{store_of[j]}[r, 0] = v{j}")
-        reds = [j for j, node in enumerate(nodes) if node[0] == "red" and passes[j] == p]
-        here = [j for j, node in enumerate(nodes) if node[0] == "full" and passes[j] == p]
         if not reds and not here:
             continue
-        needed = set(here)
-        for j in reversed(range(len(nodes))):  # full values these read, recomputed here
-            if j in needed or j in reds:
-                for kind, ref, *_ in nodes[j][2]:
-                    if kind == "v" and nodes[ref][0] == "full":
-                        needed.add(ref)
         # transcendentals are worth vectorizing: their reductions go through a row buffer
-        buffered = any(nodes[j][1].engine == "scalar" for j in needed)
-        if not buffered:
-            for j in reds:
-                lines += _red_init(j, nodes[j][1])
+        buffered = any(nodes[j][1].engine == "scalar" for j in needed - reused)
+        streamed = [] if buffered else [j for j in reds if nodes[j][1] != "amax"]
+        for j in streamed:
+            lines += _red_init(j)
         lines.append("        for c in range(cols):")
         for j in sorted(needed):
+            if j in reused:
+                lines.append(f"            v{j} = keep{j}[c]")
+                continue
             lines.append(value(j, " " * 12, "c"))
+            if j in kept and passes[j] == p:
+                lines.append(f"            keep{j}[c] = v{j}")
             if j in store_of and passes[j] == p:
                 lines.append(f"            o{store_of[j]}[r, c] = v{j}")
         for j in reds:
-            lines += _red_step(j, nodes[j], recipes, buffered)
+            lines += _red_step(j, nodes[j], recipes, j not in streamed)
         for j in reds:
-            lines += _red_end(j, nodes[j][1]) if buffered else \
-                _red_end_streamed(j, nodes[j][1])
+            lines += _red_end_streamed(j, nodes[j][1]) if j in streamed else \
+                _red_end(j, nodes[j][1], recipes)
             if j in store_of:
                 lines.append(f"        o{store_of[j]}[r, 0] = v{j}")
             recipes[f"st{j}"] = ("storer", nodes[j][4])
     return "\n".join(lines) + "\n", recipes
 
 
-def _red_init(j, name) -> list[str]:
-    """Before a streaming column loop: the reduction's running state."""
-    if name == "amax":
-        return [f"        m{j} = np.float32(0.0)", f"        d{j} = False"]
+# Note [Keep buffers]
+# A later pass needs the values of an earlier one again (softmax divides the exponentials
+# it summed). Plain arithmetic is recomputed from the row, which is still in cache; a
+# transcendental (exp, tanh, ...) costs more than a load, so the pass that computes it also
+# writes it, in its stored form, to a row buffer that later passes read.
+def _np_type(out_code: str) -> str:
+    """The NumPy type of a value stored with `out_code` (a float's storage format)."""
+    dtype = next(d for d, code in numerics.CODE.items() if code == out_code)
+    return "np.bool_" if dtype == torch.bool else f"np.{T.STORAGE_DTYPE[dtype].name}"
+
+
+def _red_init(j) -> list[str]:
+    """Before a streaming column loop: a sum's running state."""
     return [f"        t{j} = np.float32(0.0)", f"        part{j} = np.float32(0.0)"]
 
 
 def _red_step(j, node, recipes, buffered: bool) -> list[str]:
     """Inside the column loop. Buffered: the value goes to the row buffer (no carried
-    dependency: LLVM vectorizes the loop; the ordered reduction runs after). Streaming:
-    the eager kernel's order right here (cheaper when the loop is plain arithmetic)."""
+    dependency: LLVM vectorizes the loop; the ordered reduction runs after). Streaming (sums
+    in plain-arithmetic passes): the eager kernel's order right here."""
     _, name, operands, compute, _ = node
     kind, ref, code = operands[0]
     recipes[f"l{j}_0"] = ("loader", code, compute)
@@ -123,17 +148,6 @@ def _red_step(j, node, recipes, buffered: bool) -> list[str]:
     pad = " " * 12
     if buffered:
         return [f"{pad}buf{j}[c] = l{j}_0({arg})"]
-    if name == "amax":  # the first element, then the first NaN wins
-        return [f"{pad}x{j} = l{j}_0({arg})",
-                f"{pad}if c == 0:",
-                f"{pad}    m{j} = x{j}",
-                f"{pad}    d{j} = x{j} != x{j}",
-                f"{pad}elif not d{j}:",
-                f"{pad}    if x{j} != x{j}:",
-                f"{pad}        m{j} = x{j}",
-                f"{pad}        d{j} = True",
-                f"{pad}    elif x{j} > m{j}:",
-                f"{pad}        m{j} = x{j}"]
     return [f"{pad}part{j} += l{j}_0({arg})",
             f"{pad}if c % {BLOCK} == {BLOCK - 1}:",
             f"{pad}    t{j} += part{j}",
@@ -141,25 +155,35 @@ def _red_step(j, node, recipes, buffered: bool) -> list[str]:
 
 
 def _red_end_streamed(j, name) -> list[str]:
-    if name == "amax":
-        return [f"        v{j} = st{j}(m{j})"]
     return [f"        if cols % {BLOCK} != 0:", f"            t{j} += part{j}"] + \
         _sum_result(j, name)
 
 
-def _red_end(j, name) -> list[str]:
-    """After the column loop: the eager kernel's exact order over the row buffer (blocks of
-    BLOCK summed in order for sum/mean; the first element, then the first NaN, for amax)."""
+def _red_end(j, name, recipes) -> list[str]:
+    """After the column loop, over the row buffer: sums in the eager kernel's exact order
+    (blocks of BLOCK summed in order); amax as Note [Amax by keys]."""
     if name == "amax":
-        return [f"        m{j} = buf{j}[0]",
-                f"        if m{j} == m{j}:",
-                "            for i in range(1, cols):",
-                f"                x{j} = buf{j}[i]",
-                f"                if x{j} != x{j}:",
-                f"                    m{j} = x{j}",
-                "                    break",
-                f"                if x{j} > m{j}:",
-                f"                    m{j} = x{j}",
+        recipes["f32_as_u32"] = ("bits", "f32_as_u32")
+        recipes["u32_as_f32"] = ("bits", "u32_as_f32")
+        return [f"        k{j} = np.int32(-2147483648)",
+                f"        n{j} = np.uint32(0)",
+                "        for i in range(cols):",
+                f"            b{j} = f32_as_u32(buf{j}[i])",
+                f"            s{j} = np.int32(b{j})",
+                f"            k{j} = max(k{j}, s{j} ^ ((s{j} >> 31) & 0x7FFFFFFF))",
+                f"            n{j} |= np.uint32((b{j} & np.uint32(0x7FFFFFFF)) > "
+                "np.uint32(0x7F800000))",
+                f"        m{j} = u32_as_f32(np.uint32(k{j} ^ ((k{j} >> 31) & 0x7FFFFFFF)))",
+                f"        if n{j} != 0 or m{j} == 0:",
+                f"            m{j} = buf{j}[0]",
+                f"            if m{j} == m{j}:",
+                "                for i in range(1, cols):",
+                f"                    x{j} = buf{j}[i]",
+                f"                    if x{j} != x{j}:",
+                f"                        m{j} = x{j}",
+                "                        break",
+                f"                    if x{j} > m{j}:",
+                f"                        m{j} = x{j}",
                 f"        v{j} = st{j}(m{j})"]
     return [f"        t{j} = np.float32(0.0)",
             f"        for start in range(0, cols, {BLOCK}):",
@@ -167,6 +191,15 @@ def _red_end(j, name) -> list[str]:
             f"            for i in range(start, min(start + {BLOCK}, cols)):",
             f"                part{j} += buf{j}[i]",
             f"            t{j} += part{j}"] + _sum_result(j, name)
+
+
+# Note [Amax by keys]
+# Eager amax keeps the first element, then any greater one, and the first NaN. Without NaNs
+# that is the row's maximum, except for the sign of a zero maximum (the first of -0.0 and
+# 0.0 wins). So a row's maximum is found on integer keys of the fp32 bit patterns (order-
+# preserving: the sign bit flips the other bits of negatives), which LLVM vectorizes where
+# the float compare-and-branch loop ran one element at a time (4x faster); a row with a NaN
+# or a zero maximum is scanned again the eager way.
 
 
 def _sum_result(j, name) -> list[str]:
