@@ -56,7 +56,11 @@ def source(spec) -> tuple[str, dict]:
               for j, node in enumerate(nodes) if node[0] == "red"]
     lines.append("    for r in range(rows):")
 
-    def value(j, pad, col):
+    def local(ref, lane):
+        """The local holding node ref's value: one per lane for full values."""
+        return f"v{ref}{lane}" if nodes[ref][0] == "full" else f"v{ref}"
+
+    def value(j, pad, col, lane=""):
         role, op, operands, compute, out_code = nodes[j]
         recipes[f"st{j}"] = ("storer", out_code)
         args = []
@@ -65,10 +69,11 @@ def source(spec) -> tuple[str, dict]:
                 args.append(f"s{ref}")
                 continue
             recipes[f"l{j}_{i}"] = ("loader", code[0], compute)
-            arg = {"v": f"v{ref}", "a": f"a{ref}[r, {col}]", "t": f"s{ref}"}[kind]
+            arg = {"v": local(ref, lane) if kind == "v" else "", "a": f"a{ref}[r, {col}]",
+                   "t": f"s{ref}"}[kind]
             args.append(f"l{j}_{i}({arg})")
         recipes[f"f{j}"] = ("op", op.name)
-        return f"{pad}v{j} = st{j}(f{j}({', '.join(args)}))"
+        return f"{pad}{local(j, lane)} = st{j}(f{j}({', '.join(args)}))"
 
     last = max(avail, default=0)
     work = []  # per pass: (pass, reductions, values computed, values read from a keep buffer)
@@ -98,22 +103,30 @@ def source(spec) -> tuple[str, dict]:
         # transcendentals are worth vectorizing: their reductions go through a row buffer
         buffered = any(nodes[j][1].engine == "scalar" for j in needed - reused)
         streamed = [] if buffered else [j for j in reds if nodes[j][1] != "amax"]
-        for j in streamed:
-            lines += _red_init(j)
-        lines.append("        for c in range(cols):")
-        for j in sorted(needed):
-            if j in reused:
-                lines.append(f"            v{j} = keep{j}[c]")
-                continue
-            lines.append(value(j, " " * 12, "c"))
-            if j in kept and passes[j] == p:
-                lines.append(f"            keep{j}[c] = v{j}")
-            if j in store_of and passes[j] == p:
-                lines.append(f"            o{store_of[j]}[r, c] = v{j}")
+
+        def column(pad, col, lane):
+            out = []
+            for j in sorted(needed):
+                if j in reused:
+                    out.append(f"{pad}v{j}{lane} = keep{j}[{col}]")
+                    continue
+                out.append(value(j, pad, col, lane))
+                if j in kept and passes[j] == p:
+                    out.append(f"{pad}keep{j}[{col}] = v{j}{lane}")
+                if j in store_of and passes[j] == p:
+                    out.append(f"{pad}o{store_of[j]}[r, {col}] = v{j}{lane}")
+            for j in reds:
+                out.append(_red_step(j, nodes[j], recipes, j not in streamed, local, pad, col,
+                                     lane))
+            return out
+
+        if not streamed:
+            lines.append("        for c in range(cols):")
+            lines += column(" " * 12, "c", "")
+        else:
+            lines += _streamed_loops(streamed, column)
         for j in reds:
-            lines += _red_step(j, nodes[j], recipes, j not in streamed)
-        for j in reds:
-            lines += _red_end_streamed(j, nodes[j][1]) if j in streamed else \
+            lines += _sum_result(j, nodes[j][1]) if j in streamed else \
                 _red_end(j, nodes[j][1], recipes)
             if j in store_of:
                 lines.append(f"        o{store_of[j]}[r, 0] = v{j}")
@@ -132,31 +145,46 @@ def _np_type(out_code: str) -> str:
     return "np.bool_" if dtype == torch.bool else f"np.{T.STORAGE_DTYPE[dtype].name}"
 
 
-def _red_init(j) -> list[str]:
-    """Before a streaming column loop: a sum's running state."""
-    return [f"        t{j} = np.float32(0.0)", f"        part{j} = np.float32(0.0)"]
-
-
-def _red_step(j, node, recipes, buffered: bool) -> list[str]:
-    """Inside the column loop. Buffered: the value goes to the row buffer (no carried
-    dependency: LLVM vectorizes the loop; the ordered reduction runs after). Streaming (sums
-    in plain-arithmetic passes): the eager kernel's order right here."""
+def _red_step(j, node, recipes, buffered: bool, local, pad: str, col: str, lane: str) -> str:
+    """Inside a column loop. Buffered: the value goes to the row buffer (no carried
+    dependency: LLVM vectorizes the loop; the ordered reduction runs after). Streamed (sums
+    in plain-arithmetic passes): added to its block's partial sum (Note [Blocks side by
+    side])."""
     _, name, operands, compute, _ = node
     kind, ref, code = operands[0]
     recipes[f"l{j}_0"] = ("loader", code, compute)
-    arg = f"v{ref}" if kind == "v" else f"a{ref}[r, c]"
-    pad = " " * 12
+    arg = local(ref, lane) if kind == "v" else f"a{ref}[r, {col}]"
     if buffered:
-        return [f"{pad}buf{j}[c] = l{j}_0({arg})"]
-    return [f"{pad}part{j} += l{j}_0({arg})",
-            f"{pad}if c % {BLOCK} == {BLOCK - 1}:",
-            f"{pad}    t{j} += part{j}",
-            f"{pad}    part{j} = np.float32(0.0)"]
+        return f"{pad}buf{j}[{col}] = l{j}_0({arg})"
+    return f"{pad}part{j}{lane} += l{j}_0({arg})"
 
 
-def _red_end_streamed(j, name) -> list[str]:
-    return [f"        if cols % {BLOCK} != 0:", f"            t{j} += part{j}"] + \
-        _sum_result(j, name)
+# Note [Blocks side by side]
+# The eager sum adds a row in blocks of BLOCK elements, each block in order into its own
+# partial sum, then the partial sums in block order. Each block is a chain of dependent
+# additions (about 4 cycles apiece), so a streamed pass walks LANES blocks at once, one
+# partial sum per block: the chains overlap, and each partial sum still sees its elements
+# in order. The rest of the row (fewer than LANES whole blocks) goes block by block.
+LANES = 4
+
+
+def _streamed_loops(streamed: list, column) -> list[str]:
+    """A streamed pass's loops: LANES blocks side by side, then the rest block by block;
+    `column(pad, col, lane)` gives the lines for one column."""
+    lines = [f"        t{j} = np.float32(0.0)" for j in streamed]
+    lines += ["        start = 0", f"        while start + {LANES * BLOCK} <= cols:"]
+    lines += [f"            part{j}_{k} = np.float32(0.0)" for j in streamed for k in range(LANES)]
+    lines.append(f"            for i in range(start, start + {BLOCK}):")
+    for k in range(LANES):
+        lines += column(" " * 16, f"i + {k * BLOCK}" if k else "i", f"_{k}")
+    lines += [f"            t{j} += part{j}_{k}" for j in streamed for k in range(LANES)]
+    lines += [f"            start += {LANES * BLOCK}", "        while start < cols:"]
+    lines += [f"            part{j} = np.float32(0.0)" for j in streamed]
+    lines.append(f"            for c in range(start, min(start + {BLOCK}, cols)):")
+    lines += column(" " * 16, "c", "")
+    lines += [f"            t{j} += part{j}" for j in streamed]
+    lines.append(f"            start += {BLOCK}")
+    return lines
 
 
 def _red_end(j, name, recipes) -> list[str]:
@@ -165,16 +193,17 @@ def _red_end(j, name, recipes) -> list[str]:
     if name == "amax":
         recipes["f32_as_u32"] = ("bits", "f32_as_u32")
         recipes["u32_as_f32"] = ("bits", "u32_as_f32")
-        return [f"        k{j} = np.int32(-2147483648)",
-                f"        n{j} = np.uint32(0)",
+        # (names kb/ki/kmax/knan: s{k} are the kernel's scalar arguments)
+        return [f"        kmax{j} = np.int32(-2147483648)",
+                f"        knan{j} = np.uint32(0)",
                 "        for i in range(cols):",
-                f"            b{j} = f32_as_u32(buf{j}[i])",
-                f"            s{j} = np.int32(b{j})",
-                f"            k{j} = max(k{j}, s{j} ^ ((s{j} >> 31) & 0x7FFFFFFF))",
-                f"            n{j} |= np.uint32((b{j} & np.uint32(0x7FFFFFFF)) > "
+                f"            kb{j} = f32_as_u32(buf{j}[i])",
+                f"            ki{j} = np.int32(kb{j})",
+                f"            kmax{j} = max(kmax{j}, ki{j} ^ ((ki{j} >> 31) & 0x7FFFFFFF))",
+                f"            knan{j} |= np.uint32((kb{j} & np.uint32(0x7FFFFFFF)) > "
                 "np.uint32(0x7F800000))",
-                f"        m{j} = u32_as_f32(np.uint32(k{j} ^ ((k{j} >> 31) & 0x7FFFFFFF)))",
-                f"        if n{j} != 0 or m{j} == 0:",
+                f"        m{j} = u32_as_f32(np.uint32(kmax{j} ^ ((kmax{j} >> 31) & 0x7FFFFFFF)))",
+                f"        if knan{j} != 0 or m{j} == 0:",
                 f"            m{j} = buf{j}[0]",
                 f"            if m{j} == m{j}:",
                 "                for i in range(1, cols):",

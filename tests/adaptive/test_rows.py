@@ -75,6 +75,26 @@ def test_amax_keeps_the_first_nan_and_signed_zeros():
     both_modes(lambda t: (t * 1).amax(-1, keepdim=True) + t, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_amax_by_keys_matches_the_eager_scan(dtype):
+    """Row maxima found on integer keys (rowgen, Note [Amax by keys]): NaNs of both signs
+    and several payloads anywhere, zero maxima of both signs in both orders, infinities,
+    all-negative rows, and a long row of several sum blocks."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 700, generator=g) * 4
+    bits = x.view(torch.int32)
+    bits[1, 5], bits[1, 9] = 0x7FC00001, -0x0040_0000  # +NaN with a payload, then 0xFFC00000
+    bits[2, 650] = -1  # 0xFFFFFFFF, a negative NaN, near the end of the row
+    x[3] = -x[3].abs() - 1  # all negative
+    x[4], x[4, 10], x[4, 20] = -1.0, -0.0, 0.0  # zero maximum: -0.0 comes first
+    x[5], x[5, 10], x[5, 20] = -1.0, 0.0, -0.0  # zero maximum: +0.0 comes first
+    x[6] = float("-inf")
+    x[7, 100] = float("inf")
+    x = x.to(dtype).to(N)
+    both_modes(lambda t: (t * 1).amax(-1, keepdim=True) - t, x)
+    both_modes(lambda t: (t - t.amax(-1, keepdim=True)).exp(), x)
+
+
 def test_reduction_over_leading_dims_runs_eagerly():
     x, _, _ = _inputs((5, 6), torch.float32)
     both_modes(lambda t: (t * 2).sum(0) + 1, x)
