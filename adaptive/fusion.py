@@ -446,9 +446,14 @@ def _run_ops(region, values, g: Group) -> None:
 
 
 def _output(region, node):
-    """Where node's result goes: the memory of the tensor it updates in place, or new."""
+    """Where node's result goes: the memory of the tensor it updates in place, or new memory,
+    given at once to a pending tensor of the node if one is alive (no stand-in tensor)."""
     if node.target is not None:
         return region.inputs[node.target]
+    for ref in node.outs:
+        t = ref()
+        if t is not None and "_storage" not in t.__dict__:
+            return T.attach_storage(t, node.shape, node.dtype)
     return T.new_contiguous(node.shape, node.dtype)
 
 
@@ -565,19 +570,26 @@ def run_region(region, reason: str) -> None:
 
 
 def _give_storage(nodes, values, indices) -> None:
+    """The computed results become the data of their pending tensors (one of them may hold
+    it already: _output), which stop being pending."""
     for j in indices:
         result = values.get(j)
         if result is None:
             continue
+        src = result.__dict__
         for ref in nodes[j].outs:
             t = ref()
-            if t is not None and "_storage" not in t.__dict__:
-                d, src = t.__dict__, result.__dict__
-                d["_storage"], d["_flat"], d["_key"] = result._storage, src.get("_flat"), \
-                    result._key
+            if t is None:
+                continue
+            d = t.__dict__
+            if t is not result:  # (replacing memory _output gave it, if the group then
+                d["_storage"], d["_flat"], d["_key"] = src["_storage"], src.get("_flat"), \
+                    src.get("_key")  # ran op by op after all)
                 if "_nd" in src:
                     d["_nd"] = src["_nd"]
-                del d["_node"]
+                else:
+                    d.pop("_nd", None)
+            d.pop("_node", None)
 
 
 recording.run_region = run_region

@@ -57,7 +57,10 @@ class Node:
                  "target", "views", "stride", "offset")
 
     def alive(self) -> bool:
-        return any(ref() is not None for ref in self.outs)
+        for ref in self.outs:
+            if ref() is not None:
+                return True
+        return False
 
 
 class Region:

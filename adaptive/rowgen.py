@@ -189,7 +189,7 @@ def _streamed_loops(streamed: list, column) -> list[str]:
 
 def _red_end(j, name, recipes) -> list[str]:
     """After the column loop, over the row buffer: sums in the eager kernel's exact order
-    (blocks of BLOCK summed in order); amax as Note [Amax by keys]."""
+    (Note [Blocks side by side]); amax as Note [Amax by keys]."""
     if name == "amax":
         recipes["f32_as_u32"] = ("bits", "f32_as_u32")
         recipes["u32_as_f32"] = ("bits", "u32_as_f32")
@@ -214,12 +214,8 @@ def _red_end(j, name, recipes) -> list[str]:
                 f"                    if x{j} > m{j}:",
                 f"                        m{j} = x{j}",
                 f"        v{j} = st{j}(m{j})"]
-    return [f"        t{j} = np.float32(0.0)",
-            f"        for start in range(0, cols, {BLOCK}):",
-            f"            part{j} = np.float32(0.0)",
-            f"            for i in range(start, min(start + {BLOCK}, cols)):",
-            f"                part{j} += buf{j}[i]",
-            f"            t{j} += part{j}"] + _sum_result(j, name)
+    return _streamed_loops([j], lambda pad, col, lane: [f"{pad}part{j}{lane} += buf{j}[{col}]"]
+                           ) + _sum_result(j, name)
 
 
 # Note [Amax by keys]

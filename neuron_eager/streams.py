@@ -25,13 +25,16 @@ from neuron_eager.device_sim.clock import SimStream
 _clock = core.clock
 
 
+_DEVICE = torch.device("neuron", 0)
+
+
 def _check_device(device) -> torch.device:
     if device is None:
-        return torch.device("neuron", 0)
+        return _DEVICE
     device = torch.device("neuron", device) if isinstance(device, int) else torch.device(device)
     if device.type != "neuron" or (device.index or 0) != 0:
         raise ValueError(f"expected the device neuron:0, got {device}")
-    return torch.device("neuron", 0)
+    return _DEVICE
 
 
 class Stream:

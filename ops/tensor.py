@@ -280,9 +280,14 @@ def empty(shape, dtype: torch.dtype, stride=None) -> NeuronTensor:
 
 def new_contiguous(shape: tuple, dtype: torch.dtype) -> NeuronTensor:
     """The hot path of `empty`: a contiguous tensor of a supported dtype (not checked)."""
+    return attach_storage(_make_wrapper(NeuronTensor, shape, dtype=dtype, device=DEVICE),
+                          shape, dtype)
+
+
+def attach_storage(t: NeuronTensor, shape: tuple, dtype: torch.dtype) -> NeuronTensor:
+    """Give a contiguous tensor without data (new, or pending in adaptive eager) fresh HBM."""
     npdtype = STORAGE_DTYPE[dtype]
     storage = NeuronStorage(prod(shape) * npdtype.itemsize)
-    t = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=DEVICE)
     t._storage = storage
     t._flat = np.ndarray((storage.nbytes // npdtype.itemsize,), npdtype, storage.buffer)
     t._key = (shape, dtype)  # `_nd` is made on first use, by __getattr__
