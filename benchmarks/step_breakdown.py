@@ -2,10 +2,13 @@
 (whose per-tensor steps it records), and the ops that stay eager.
 
     python benchmarks/step_breakdown.py [--workload transformer] [--size small] [--steps 20]
+                                        [--adaptive]
 
 Every op reaching the neuron dispatcher is timed from entry to return (nested dispatches
 count once, in their outermost op), on the main thread and autograd's. What adaptive eager
 can save is bounded by the recordable and foreach shares: the rest runs in both modes.
+With --adaptive the same split is taken in adaptive eager (flushes fall in the op that
+triggers them).
 """
 from __future__ import annotations
 
@@ -27,13 +30,15 @@ def main(argv=None) -> int:
     parser.add_argument("--workload", default="transformer")
     parser.add_argument("--size", default="small")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--adaptive", action="store_true", help="measure adaptive eager")
     args = parser.parse_args(argv)
+    adaptive.enable()  # fills recording's op table
+    if not args.adaptive:
+        adaptive.disable()
     step = workloads.get(args.workload, args.size).make("neuron")
     for _ in range(5):
         step()
         torch.neuron.synchronize()
-    adaptive.enable()  # fills recording's op table; nothing is recorded below
-    adaptive.disable()
 
     inner, depth = T._dispatcher, threading.local()
     seconds, calls = Counter(), Counter()
@@ -69,8 +74,10 @@ def main(argv=None) -> int:
         total = (time.perf_counter() - start) / args.steps
     finally:
         T.set_dispatcher(inner)
+        adaptive.disable()
     n = args.steps
-    print(f"{args.workload} {args.size}, plain eager: {total * 1e3:.2f} ms per step (timed)")
+    mode = "adaptive eager" if args.adaptive else "plain eager"
+    print(f"{args.workload} {args.size}, {mode}: {total * 1e3:.2f} ms per step (timed)")
     print(f"{'part':<40}{'ms/step':>9}{'share':>8}{'calls':>7}")
     inside = sum(seconds[k] for k in ("recordable", "foreach", "stays eager")) / n
     rows = [(k, seconds[k] / n, calls[k] / n) for k in ("recordable", "foreach", "stays eager")]
