@@ -409,7 +409,8 @@ def _lay_out_row(region, g: Group) -> None:
         return  # rows or columns that no single stride walks: op by op
     views = [((rshape[0], cshape[0]), (rs[0], cs[0])) for rs, cs in zip(rstrides, cstrides)]
     stores = tuple((local[j], n) for n, j in enumerate(g.stored))
-    g.spec = ("r", tuple(specs), stores, len(g.stored), len(arrays), len(scalars))
+    long_rows = cshape[0] >= rowgen.LANES * rowgen.BLOCK  # (Note [Blocks side by side])
+    g.spec = ("r", tuple(specs), stores, len(g.stored), len(arrays), len(scalars), long_rows)
     _finish(region, g, views, arrays, scalars, sum(sizes), bytes_eager)
 
 

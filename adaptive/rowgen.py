@@ -41,10 +41,10 @@ def schedule(nodes) -> tuple[list[int], list[int]]:
 
 def source(spec) -> tuple[str, dict]:
     """Kernel source and recipes for a row group `spec`: ("r", nodes, stores, n_out, n_in,
-    n_scalars); each node is (role, op, operands, compute, out_code) where `op` is an
+    n_scalars, long_rows); each node is (role, op, operands, compute, out_code) where `op` is an
     Elementwise for "full"/"row" nodes and "sum"/"mean"/"amax" for "red" nodes; operands
     as in codegen.source; arrays are 2-D (rows, cols) views."""
-    _, nodes, stores, n_out, n_in, n_scalars = spec
+    _, nodes, stores, n_out, n_in, n_scalars, long_rows = spec
     names = [f"o{k}" for k in range(n_out)] + [f"a{k}" for k in range(n_in)] + \
         [f"s{k}" for k in range(n_scalars)]
     recipes: dict = {}
@@ -124,10 +124,10 @@ def source(spec) -> tuple[str, dict]:
             lines.append("        for c in range(cols):")
             lines += column(" " * 12, "c", "")
         else:
-            lines += _streamed_loops(streamed, column)
+            lines += _streamed_loops(streamed, column, long_rows)
         for j in reds:
             lines += _sum_result(j, nodes[j][1]) if j in streamed else \
-                _red_end(j, nodes[j][1], recipes)
+                _red_end(j, nodes[j][1], recipes, long_rows)
             if j in store_of:
                 lines.append(f"        o{store_of[j]}[r, 0] = v{j}")
             recipes[f"st{j}"] = ("storer", nodes[j][4])
@@ -168,17 +168,25 @@ def _red_step(j, node, recipes, buffered: bool, local, pad: str, col: str, lane:
 LANES = 4
 
 
-def _streamed_loops(streamed: list, column) -> list[str]:
-    """A streamed pass's loops: LANES blocks side by side, then the rest block by block;
-    `column(pad, col, lane)` gives the lines for one column."""
-    lines = [f"        t{j} = np.float32(0.0)" for j in streamed]
-    lines += ["        start = 0", f"        while start + {LANES * BLOCK} <= cols:"]
+def _streamed_loops(streamed: list, column, long_rows: bool) -> list[str]:
+    """A streamed pass's loops: LANES blocks side by side (rows of LANES blocks or more:
+    `long_rows`, part of the spec so that short rows compile less), then the rest block by
+    block; `column(pad, col, lane)` gives the lines for one column."""
+    lines = [f"        t{j} = np.float32(0.0)" for j in streamed] + ["        start = 0"]
+    if not long_rows:
+        return lines + _block_by_block(streamed, column)
+    lines += [f"        while start + {LANES * BLOCK} <= cols:"]
     lines += [f"            part{j}_{k} = np.float32(0.0)" for j in streamed for k in range(LANES)]
     lines.append(f"            for i in range(start, start + {BLOCK}):")
     for k in range(LANES):
         lines += column(" " * 16, f"i + {k * BLOCK}" if k else "i", f"_{k}")
     lines += [f"            t{j} += part{j}_{k}" for j in streamed for k in range(LANES)]
-    lines += [f"            start += {LANES * BLOCK}", "        while start < cols:"]
+    lines.append(f"            start += {LANES * BLOCK}")
+    return lines + _block_by_block(streamed, column)
+
+
+def _block_by_block(streamed: list, column) -> list[str]:
+    lines = ["        while start < cols:"]
     lines += [f"            part{j} = np.float32(0.0)" for j in streamed]
     lines.append(f"            for c in range(start, min(start + {BLOCK}, cols)):")
     lines += column(" " * 16, "c", "")
@@ -187,7 +195,7 @@ def _streamed_loops(streamed: list, column) -> list[str]:
     return lines
 
 
-def _red_end(j, name, recipes) -> list[str]:
+def _red_end(j, name, recipes, long_rows: bool) -> list[str]:
     """After the column loop, over the row buffer: sums in the eager kernel's exact order
     (Note [Blocks side by side]); amax as Note [Amax by keys]."""
     if name == "amax":
@@ -214,8 +222,8 @@ def _red_end(j, name, recipes) -> list[str]:
                 f"                    if x{j} > m{j}:",
                 f"                        m{j} = x{j}",
                 f"        v{j} = st{j}(m{j})"]
-    return _streamed_loops([j], lambda pad, col, lane: [f"{pad}part{j}{lane} += buf{j}[{col}]"]
-                           ) + _sum_result(j, name)
+    return _streamed_loops([j], lambda pad, col, lane: [f"{pad}part{j}{lane} += buf{j}[{col}]"],
+                           long_rows) + _sum_result(j, name)
 
 
 # Note [Amax by keys]
