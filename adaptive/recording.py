@@ -343,9 +343,9 @@ def _sync(func, args, kwargs) -> None:
 _HOST_READS = {id(aten._local_scalar_dense.default), id(aten._to_copy.default)}
 
 
-# id(op) -> (recorder, plan, native-run counter): recorder is _record, _record_inplace, or
-# None for a foreach op. Filled by install(); keyed by id because OpOverload hashes in Python
-# (several microseconds a lookup on the hot path).
+# id(op) -> (recorder, plan): recorder is _record, _record_inplace, or None for a foreach
+# op. Filled by install(); keyed by id because OpOverload hashes in Python (several
+# microseconds a lookup on the hot path).
 _ACTIONS: dict = {}
 _DETACH = aten.detach.default
 
@@ -357,12 +357,12 @@ def dispatch(func, args, kwargs):
     action = _ACTIONS.get(id(func))
     with _lock:
         if action is not None:
-            recorder, plan, counter = action
+            recorder, plan = action
             if recorder is None:  # a foreach op: its per-tensor ops come back through per_tensor()
                 return _inner(func, args, kwargs)
             out = recorder(plan, args, kwargs)
             if out is not None:
-                counter[2] += 1  # get_executed_ops() counts it, as plain eager would
+                native_counter(func)[2] += 1  # get_executed_ops() counts it, as plain eager
                 return out
         if _region.nodes:
             node = pending_node(args[0]) if args else None
@@ -551,9 +551,8 @@ def install() -> None:
     if not _ACTIONS:  # once: the tables are complete when the ops package is imported
         for table, recorder in ((E.FUSIBLE, _record), (plans.PLANS, _record),
                                 (E.FUSIBLE_INPLACE, _record_inplace)):
-            _ACTIONS.update({id(op): (recorder, plan, native_counter(op))
-                             for op, plan in table.items()})
-        _ACTIONS.update({id(op): (None, None, None) for op in foreach.FOREACH_KERNELS})
+            _ACTIONS.update({id(op): (recorder, plan) for op, plan in table.items()})
+        _ACTIONS.update({id(op): (None, None) for op in foreach.FOREACH_KERNELS})
     foreach.per_tensor = per_tensor
     active = True
     if not _installed:  # else still in the chain, under a dispatcher installed later

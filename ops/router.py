@@ -94,7 +94,8 @@ _entry_ops: dict[int, object] = {}
 
 def native_counter(func) -> list:
     """The entry whose [2] counts native runs of `func`: adaptive eager records fusible ops
-    and runs them later, fused, and counts each recorded call here as plain eager would."""
+    and runs them later, fused, and counts each recorded call here as plain eager would.
+    Look it up per call: the entries are rebuilt when the kernel table changes."""
     entry = _entries.get(id(func))
     return entry if entry is not None else _entry(func)
 

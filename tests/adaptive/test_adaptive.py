@@ -321,3 +321,15 @@ def test_recorded_ops_count_as_executed_like_plain_eager():
     with adaptive.adaptive_eager():
         for _ in range(3):  # op by op, compiled, cached
             assert program() == plain
+
+
+def test_recorded_ops_are_counted_after_the_kernel_table_changes():
+    """get_executed_ops() counts recorded ops as plain eager would, also after the router
+    rebuilt its entries (tests hide kernels with checks.without_kernel)."""
+    adaptive.enable()
+    x = torch.ones(4, device=N)
+    (x + x).cpu()  # the op table is in use
+    router._entries.clear()
+    neuron_eager.clear_op_tracking()
+    (x * 3).cpu()
+    assert neuron_eager.get_executed_ops().get("aten::mul.Tensor") == 1
