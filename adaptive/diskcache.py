@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 import warnings
@@ -33,7 +34,8 @@ _warned: set = set()
 # function the kernel calls (an op's scalar function, a loader) changed. So the folder is
 # named by a hash of everything the generated code depends on: this package's ops/ and
 # adaptive/ sources, the Python, Numba, llvmlite and NumPy versions, and the CPU Numba
-# compiles for. Any change gives a new, empty folder; old folders can be deleted at will.
+# compiles for. Any change gives a new, empty folder; old folders can be deleted at will
+# (and are, but for the most recent few: Note [Old fingerprints]).
 
 
 def folder() -> Path | None:
@@ -93,6 +95,12 @@ def load(where: Path, src: str, recipes: dict, label: str):
     path = where / f"k_{digest}.py"
     try:
         written = _ensure(path, text)
+        if where not in _pruned:
+            _pruned.add(where)
+            try:
+                prune(where)
+            except OSError:  # a root we may not list or change: pruning is optional
+                pass
         return _import(path, f"neuron_eager_kernel_{digest}").kernel, written
     except Exception as e:  # noqa: BLE001  (OS errors, a broken file: never fatal)
         if str(where) not in _warned:
@@ -101,6 +109,42 @@ def load(where: Path, src: str, recipes: dict, label: str):
                           f"kernels compile in memory ({type(e).__name__}: {e}); set {ENV} "
                           f"to another folder, or to 'off'", RuntimeWarning, stacklevel=3)
         return None, False
+
+
+# Note [Old fingerprints]
+# Each new version of the sources (an upgrade, an edit) starts a new fingerprint folder and
+# leaves the old ones unused. Once per process, the folder in use is marked as used now and
+# all but the KEEP most recently used other fingerprint folders are removed (another
+# installed version may still use a recent one; if it loses its folder it compiles again).
+KEEP = 3
+_pruned: set = set()
+
+
+def prune(current: Path, keep: int = KEEP) -> list[Path]:
+    """Remove old fingerprint folders beside `current` (Note [Old fingerprints]); returns
+    what was removed. Only folders named like a fingerprint that hold kernel files and
+    Numba's cache are touched; errors leave a folder in place."""
+    os.utime(current)
+    others = []
+    for entry in current.parent.iterdir():
+        if entry == current or not _is_fingerprint_folder(entry):
+            continue
+        others.append((entry.stat().st_mtime, entry))
+    removed = []
+    for _, old in sorted(others, reverse=True)[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+        if not old.exists():
+            removed.append(old)
+    return removed
+
+
+def _is_fingerprint_folder(path: Path) -> bool:
+    name = path.name
+    if not path.is_dir() or path.is_symlink() or len(name) != 24 or \
+            any(c not in "0123456789abcdef" for c in name):
+        return False
+    return all((p.name.startswith("k_") and p.suffix == ".py") or p.name == "__pycache__"
+               or p.name.startswith(".tmp-") for p in path.iterdir())
 
 
 def _ensure(path: Path, text: str) -> bool:

@@ -125,3 +125,27 @@ def test_op_names_are_unique_definitions():
     with pytest.raises(ValueError, match="two different elementwise ops"):
         E.Elementwise("mul", E.OPS_BY_NAME["add_plain"].fn)
     assert codegen.resolve(("op", "mul")) is E.OPS_BY_NAME["mul"].fn
+
+
+def test_old_fingerprint_folders_are_pruned(tmp_path):
+    """Once per process the folder in use is marked used and all but the KEEP most recently
+    used other fingerprint folders go; anything else in the root stays."""
+    root = tmp_path / "kernels"
+    current = root / diskcache.fingerprint()
+    current.mkdir(parents=True)
+    old = []
+    for k in range(diskcache.KEEP + 2):
+        folder = root / f"{k:024x}"
+        (folder / "__pycache__").mkdir(parents=True)
+        (folder / f"k_{k:024x}.py").write_text("# a kernel\n")
+        os.utime(folder, (1000 + k, 1000 + k))  # folder k used at time 1000 + k
+        old.append(folder)
+    mine = root / "my-notes"  # not a fingerprint folder
+    mine.mkdir()
+    odd = root / ("f" * 24)  # named like one, but holds something else
+    odd.mkdir()
+    (odd / "data.csv").write_text("1,2\n")
+    removed = diskcache.prune(current)
+    assert sorted(removed) == sorted(old[:2])  # the two least recently used
+    assert all(f.exists() for f in old[2:]) and current.exists()
+    assert mine.exists() and odd.exists()
