@@ -15,40 +15,12 @@ import numpy as np
 import numba
 from numba import njit
 
-from neuron_eager.ops import numerics
+from neuron_eager.ops import _compat, numerics
 
 JIT_OPTIONS = dict(error_model="numpy", nogil=True)
 
 
-# Note [512-bit vectors]
-# LLVM tunes AVX-512 CPUs to prefer 256-bit vectors (clock throttling on old Xeons), so
-# Numba's loops used ymm registers only. The elementwise templates and the fastmath
-# polynomials are compute-bound at 256 bits (gelu on 4M fp32: about 1.3x faster at 512).
-# The tuning flag lives on Numba's codegen target machine, which every kernel shares, plain
-# and fused alike (the option cannot differ between them); vector width never changes a
-# result, since no kernel lets LLVM reassociate (tests/test_numerics.py compares the bits).
-def prefer_512_bit_vectors() -> bool:
-    """Let Numba's LLVM use 512-bit vectors on AVX-512 CPUs; True if it now does."""
-    import llvmlite.binding as ll
-    from numba.core import config as numba_config
-    from numba.core.registry import cpu_target
-
-    codegen = cpu_target.target_context.codegen()
-    features = getattr(codegen, "_tm_features", "")
-    if "-prefer-256-bit" in features:
-        return True
-    if "+avx512f" not in features.split(",") or not hasattr(codegen, "_tm"):
-        return False
-    features += ",-prefer-256-bit"
-    options = dict(opt=numba_config.OPT)
-    codegen._customize_tm_options(options)
-    options["features"] = features
-    codegen._tm = ll.Target.from_triple(ll.get_process_triple()).create_target_machine(**options)
-    codegen._tm_features = features  # part of the on-disk cache key (magic_tuple)
-    return True
-
-
-prefer_512_bit_vectors()
+_compat.prefer_512_bit_vectors()  # Note [512-bit vectors] in _compat.py
 _kernels: dict = {}
 _ids = count()
 stats = {"compiled": 0, "hits": 0}

@@ -59,3 +59,15 @@ def test_wrapper_rebuild_function_is_allowed_by_weights_only_load():
 def test_torch_lapack_library_exports_what_linalg_calls_or_is_absent():
     lib = _compat.torch_lapack_library()
     assert lib is None or all(hasattr(lib, f"{name}_") for name in ("sgesdd", "ssyevd"))
+
+
+def test_prefer_512_bit_vectors():
+    """On AVX-512 CPUs Numba's shared target machine drops LLVM's 256-bit preference."""
+    from numba.core.registry import cpu_target
+
+    from neuron_eager.ops import _compat
+
+    features = getattr(cpu_target.target_context.codegen(), "_tm_features", "")
+    assert _compat.prefer_512_bit_vectors() == ("+avx512f" in features.split(","))
+    if "+avx512f" in features.split(","):
+        assert "-prefer-256-bit" in cpu_target.target_context.codegen()._tm_features
