@@ -58,6 +58,21 @@ def test_normalizations_fuse_into_one_kernel(shape, dtype):
     assert adaptive.stats()["kernels_launched"] == 1  # nine ops, one kernel
 
 
+# long rows: 4 blocks side by side (rowgen, Note [Blocks side by side]): exactly 4 blocks,
+# twice 4 blocks and 2 more plus a partial one, and a row of 4 blocks over two dims
+@pytest.mark.parametrize("shape", [(3, 1024), (2, 2600), (2, 2, 16, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_rows_keep_the_eager_sum_order(shape, dtype):
+    x, w, b = _inputs(shape, dtype, seed=7)
+    x = x * 100 + 3  # large, offset values: any other summation order shows in the bits
+    both_modes(softmax, x)
+    both_modes(layer_norm, x, w, b)
+    both_modes(rms_norm, x, w)
+    both_modes(lambda t: (t * 3 - 1).sum(-1, keepdim=True) + t.exp().mean(-1, keepdim=True), x)
+    if len(shape) == 4:
+        both_modes(lambda t: (t * 2).sum((-2, -1)), x)  # 1024 columns made of two dims
+
+
 @pytest.mark.parametrize("reduce", [
     lambda t: (t * 2).sum(-1), lambda t: (t + 1).mean((-2, -1), keepdim=True),
     lambda t: t.exp().sum(), lambda t: (t - 1).mean(), lambda t: t.abs().amax(-1),
