@@ -71,36 +71,7 @@ class _View:
 
 
 VIEW = _View()
-_view_meta: dict = {}
 
-
-def view_layout(func, base, args, kwargs):
-    """(shape, stride, storage offset, dtype) of `func(base, *args[1:])` from a meta run
-    (which raises what the CPU raises), cached; None if it cannot be worked out."""
-    try:
-        key = (id(func), tuple(base.shape), base.stride(), base.storage_offset(), base.dtype,
-               _frozen(args[1:]), _frozen(tuple(sorted(kwargs.items()))))
-        hash(key)
-    except TypeError:
-        key = None
-    layout = _view_meta.get(key) if key is not None else None
-    if layout is None:
-        meta = torch.empty_strided(base.shape, base.stride(), dtype=base.dtype, device="meta")
-        if base.storage_offset():
-            meta = meta.as_strided(base.shape, base.stride(), base.storage_offset())
-        out = func(meta, *args[1:], **kwargs)
-        if not isinstance(out, torch.Tensor):
-            return None
-        layout = (tuple(out.shape), tuple(out.stride()), out.storage_offset(), out.dtype)
-        if key is not None:
-            _view_meta[key] = layout
-    return layout
-
-
-def _frozen(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    return value
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 PLANS: dict = {}
 

@@ -20,7 +20,7 @@ import torch
 from neuron_eager.device_sim import config
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import foreach
-from neuron_eager.ops import numerics
+from neuron_eager.ops import numerics, views
 from neuron_eager.ops.sourceline import user_frame
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.router import native_counter
@@ -172,9 +172,7 @@ def _refs(region, operands):
         if kind is NeuronTensor:
             node = a.__dict__.get("_node")
             if node is None:
-                m = region.input_index.get(id(a))
-                if m is None:
-                    m = region.input(a)
+                m = region.input(a)
                 refs.append(("i", m))
                 sig.append(region.sigs[m])
             elif node.region == region.serial:
@@ -401,10 +399,11 @@ def _record_view(func, node: Node, args, kwargs):
     for a in (*args[1:], *kwargs.values()):
         if type(a) is NeuronTensor:
             return None
-    layout = plans.view_layout(func, args[0], args, kwargs)  # a bad view raises here
-    if layout is None or layout[3] != args[0].dtype:
+    # the layout from the view kernel's cached meta run, which raises what the CPU raises
+    layouts, many = views.view_metadata(func, args[0], args[1:], kwargs)
+    if many or layouts[0][3] != args[0].dtype:
         return None
-    shape, stride, offset, dtype = layout
+    shape, stride, offset, dtype = layouts[0]
     out = _make_wrapper(NeuronTensor, shape, strides=stride, storage_offset=offset,
                         dtype=dtype, device=T.DEVICE)
     view = _add_node(_region, plans.VIEW, (("n", node.index),), (), [], dtype, "f32", shape,
@@ -524,12 +523,7 @@ def _move(source: Region, moved: list, target: Region, kept: dict) -> None:
             if kind == "n" and ref in index:
                 refs.append(("n", index[ref]))
             elif kind == "n":
-                t = kept[ref]
-                m = len(target.inputs)
-                target.inputs.append(t)
-                target.descs.append((t.dtype, t.shape, t.stride()))
-                target.sigs.append((t.dtype, t.shape))
-                refs.append(("i", m))
+                refs.append(("i", target.input(kept[ref])))
             elif kind == "i":
                 refs.append(("i", new_input(ref)))
             else:
