@@ -495,13 +495,10 @@ def _run_fused(region, values, g: Group) -> str | None:
         else:
             kernel(*args)
         stats["cache_hits"] += 1
-    if len(g.batch) == 1:
-        core.launch(g.engine, prod(g.shape), g.moved)
-        stats["hbm_bytes_not_moved"] += g.not_moved
-    else:
-        engine = "scalar" if any(m.engine == "scalar" for m in g.batch) else "vector"
-        core.launch(engine, sum(prod(m.shape) for m in g.batch), sum(m.moved for m in g.batch))
-        stats["hbm_bytes_not_moved"] += sum(m.not_moved for m in g.batch)
+    batch = g.batch
+    engine = "scalar" if any(m.engine == "scalar" for m in batch) else "vector"
+    core.launch(engine, sum(prod(m.shape) for m in batch), sum(m.moved for m in batch))
+    stats["hbm_bytes_not_moved"] += sum(m.not_moved for m in batch)
     stats["fused_kernels"] += 1
     how = "fused (compiled)" if compiled else "fused (cache hit)"
     return how if len(g.batch) == 1 else f"{how}, one launch for {len(g.batch)} groups"

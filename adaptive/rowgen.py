@@ -69,8 +69,10 @@ def source(spec) -> tuple[str, dict]:
                 args.append(f"s{ref}")
                 continue
             recipes[f"l{j}_{i}"] = ("loader", code[0], compute)
-            arg = {"v": local(ref, lane) if kind == "v" else "", "a": f"a{ref}[r, {col}]",
-                   "t": f"s{ref}"}[kind]
+            if kind == "v":
+                arg = local(ref, lane)
+            else:
+                arg = f"a{ref}[r, {col}]" if kind == "a" else f"s{ref}"
             args.append(f"l{j}_{i}({arg})")
         recipes[f"f{j}"] = ("op", op.name)
         return f"{pad}{local(j, lane)} = st{j}(f{j}({', '.join(args)}))"

@@ -44,11 +44,7 @@ def main(argv=None) -> int:
               if not args.only or w.name in args.only or f"{w.name}:{w.size}" in args.only]
     if not chosen:
         parser.error(f"no workload matches {args.only}")
-    info = bench.machine()
-    print(f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} "
-          f"({info['torch_threads']} threads), numba {info['numba']} "
-          f"({info['numba_threads']} threads), simulated {info['simulated']}, adaptive "
-          f"compile_after={info['compile_after']}")
+    print(bench.describe(bench.machine()))
     print(f"{args.warmup} warm-up + {args.repeat} measured steps per mode; ms: median wall "
           f"time per step; launches and MB moved: per step; peak: HBM allocated")
     print(f"{'workload':12s}{'size':>7s} |{'plain ms':>9s}{'adapt ms':>9s}{'ratio':>7s}"

@@ -259,6 +259,14 @@ def result(job: Job, sides: dict[str, Side]) -> dict:
     return out
 
 
+def describe(info: dict) -> str:
+    """One line naming the machine and versions of `machine()`."""
+    return (f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} "
+            f"({info['torch_threads']} threads), numba {info['numba']} "
+            f"({info['numba_threads']} threads), simulated {info['simulated']}, adaptive "
+            f"compile_after={info['compile_after']}")
+
+
 def machine() -> dict:
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__,
@@ -385,9 +393,7 @@ def main(argv=None) -> int:
         jobs = builtin_jobs(names, sizes) + jobs
 
     info = machine()
-    print(f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} "
-          f"({info['torch_threads']} threads), numba {info['numba']} "
-          f"({info['numba_threads']} threads), simulated {info['simulated']}")
+    print(describe(info))
     print(f"{warmup} warm-up + {repeat} measured steps per mode; per step: "
           f"wall time (median), launches, simulated device time, HBM moved; peak HBM")
     progress = Progress(len(jobs) * (warmup + repeat))
