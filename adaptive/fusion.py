@@ -18,7 +18,7 @@ import numpy as np
 
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
-from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
 
 from . import codegen, plans, recording, rowgen
@@ -489,9 +489,9 @@ def _run_fused(region, values, g: Group) -> str | None:
     else:
         n = args[0].shape[0]
         if g.spec[0] == "c" and n >= E.SPLIT_MIN:
-            E._split_call(kernel, args[0], args[1:])
+            workers.split_call(kernel, args[0], args[1:])
         elif g.spec[0] == "r" and n > 1 and prod(g.shape) >= E.SPLIT_MIN:
-            E._split_call(kernel, args[0], args[1:])  # slices of rows: each 2-D view splits
+            workers.split_call(kernel, args[0], args[1:])  # slices of rows: each 2-D view splits
         else:
             kernel(*args)
         stats["cache_hits"] += 1

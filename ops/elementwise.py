@@ -8,8 +8,6 @@ op's scalar function runs, and the result is rounded once into the output.
 """
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,7 +15,7 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import config, core
-from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
 
 NeuronTensor = T.NeuronTensor
@@ -190,32 +188,10 @@ def result_type(*operands) -> torch.dtype:
 _SCALAR_TYPES = (float, int, bool)
 _fast_plans: dict = {}
 
-# Large contiguous kernels run in slices on a thread pool (the kernels release the GIL), as
-# the engines' 128 partitions work side by side. Stochastic kernels don't split: their noise
-# is seeded per launch on the calling thread (Note [stochastic rounding noise]).
+# Large contiguous kernels run in slices, one per core (ops/workers.py). Stochastic kernels
+# don't split: their noise is seeded per launch on the calling thread (Note [stochastic
+# rounding noise]).
 SPLIT_MIN = 1 << 18
-_WORKERS = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else os.cpu_count() or 1, 8)  # the cores this process may run on
-_pool: ThreadPoolExecutor | None = None
-
-
-def _split_call(kernel, out_arr: np.ndarray, args: list) -> None:
-    """kernel(out_arr, *args) over flat arrays of out_arr's length, in _WORKERS slices."""
-    global _pool
-    if _WORKERS == 1 or hasattr(kernel, "py_kernel"):
-        kernel(out_arr, *args)
-        return
-    if _pool is None:
-        _pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="neuron-engine")
-    n = out_arr.shape[0]
-    bounds = [n * i // _WORKERS for i in range(_WORKERS + 1)]
-    jobs = [_pool.submit(kernel, out_arr[lo:hi],
-                         *[a[lo:hi] if isinstance(a, np.ndarray) else a for a in args])
-            for lo, hi in zip(bounds[1:-1], bounds[2:])]
-    kernel(out_arr[:bounds[1]], *[a[:bounds[1]] if isinstance(a, np.ndarray) else a
-                                  for a in args])
-    for job in jobs:
-        job.result()
 
 
 def _run_contiguous(op: Elementwise, operands, params):
@@ -256,7 +232,7 @@ def _run_contiguous(op: Elementwise, operands, params):
     if n < SPLIT_MIN:
         kernel(out_arr, *args)
     else:
-        _split_call(kernel, out_arr, args)
+        workers.split_call(kernel, out_arr, args)
     core.launch(op.engine, n, n * out_arr.itemsize * (1 + len(operands)))
     return out
 
@@ -350,7 +326,7 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
         config.stochastic_rounding and out.dtype in (torch.bfloat16, torch.float16))
     cparams = [numerics.scalar_for(p, compute) for p in params]
     if contiguous and n >= SPLIT_MIN:
-        _split_call(kernel, out_arr, [*args, *cparams])
+        workers.split_call(kernel, out_arr, [*args, *cparams])
     else:
         kernel(out_arr, *args, *cparams)
     moved = out_arr.size * out_arr.itemsize + sum(

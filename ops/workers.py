@@ -1,0 +1,145 @@
+"""Engine worker threads: a large kernel runs in slices on every core this process may use.
+
+`split_call(kernel, out, args)` runs `kernel(out, *args)` over flat arrays, one slice per
+core: the calling thread takes the first, one worker thread each of the others (the kernels
+release the GIL), as a NeuronCore's 128 partitions work side by side.
+
+Note [Spinning workers]
+A worker that sleeps on a lock or a queue takes tens of microseconds to wake on a VM (the
+idle vCPU halts), and so does the caller waiting for it: a thread-pool hand-off cost ~10%
+of a 4M-element add. So the hand-off goes through two int64 flags per worker instead: the
+caller publishes a job and raises `go`; the worker, spinning on `go` in a nogil Numba loop,
+runs its slice, raises `done` (from nogil code, so the GIL is free when the caller sees it)
+and spins for the next job. Spinning yields the core (sched_yield) on every turn, and gives up
+after about a millisecond without work: the worker then sleeps on a condition until the next
+job. The caller spins on `done` the same way. An external call (sched_yield) in the loop also
+keeps the compiler from hoisting the flag loads out of it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import numpy as np
+from numba import njit
+
+COUNT = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1, 8)  # the cores this process may run on
+SPINS = 4000  # sched_yield turns before an idle worker sleeps (about a millisecond)
+
+_libc = ctypes.CDLL(None)
+_sched_yield = _libc.sched_yield
+_sched_yield.restype = ctypes.c_int
+_sched_yield.argtypes = ()
+
+
+@njit(nogil=True)  # not cached: it calls a ctypes function
+def _wait(flag, value, spins):
+    """Spin until flag[0] >= value (True), or `spins` turns pass (False)."""
+    for _ in range(spins):
+        if flag[0] >= value:
+            return True
+        _sched_yield()
+    return flag[0] >= value
+
+
+@njit(nogil=True)  # not cached: it calls a ctypes function
+def _finish_and_wait(done, seq, go, value, spins):
+    done[0] = seq
+    for _ in range(spins):
+        if go[0] >= value:
+            return True
+        _sched_yield()
+    return go[0] >= value
+
+
+_FOREVER = 1 << 62
+
+
+class _Worker:
+    def __init__(self, index: int):
+        self.go = np.zeros(1, np.int64)
+        self.done = np.zeros(1, np.int64)
+        self.seq = 0
+        self.job = None
+        self.error: BaseException | None = None
+        self.sleeping = False
+        self.wake = threading.Condition()
+        threading.Thread(target=self._loop, name=f"neuron-engine-{index}", daemon=True).start()
+
+    def post(self, kernel, args) -> None:
+        self.job = (kernel, args)
+        self.seq += 1
+        self.go[0] = self.seq
+        if self.sleeping:
+            with self.wake:
+                self.wake.notify()
+
+    def join(self) -> None:
+        _wait(self.done, self.seq, _FOREVER)
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def _loop(self) -> None:
+        expected = 1
+        ready = _wait(self.go, expected, SPINS)
+        while True:
+            if not ready:
+                with self.wake:  # post() notifies only after raising go: no lost wake-up
+                    self.sleeping = True
+                    while self.go[0] < expected:
+                        self.wake.wait()
+                    self.sleeping = False
+            kernel, args = self.job
+            self.job = None
+            try:
+                kernel(*args)
+            except BaseException as e:  # the caller raises it
+                self.error = e
+            ready = _finish_and_wait(self.done, expected, self.go, expected + 1, SPINS)
+            expected += 1
+
+
+_workers: list[_Worker] = []
+_busy = threading.Lock()  # one split at a time; a second thread runs its kernel alone
+
+
+def _reset_after_fork() -> None:
+    global _busy
+    _workers.clear()  # the child has none of the parent's threads
+    _busy = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def split_call(kernel, out: np.ndarray, args: list) -> None:
+    """kernel(out, *args) over flat arrays as long as `out` (scalars pass whole), in COUNT
+    slices run side by side."""
+    if COUNT == 1 or hasattr(kernel, "py_kernel") or not _busy.acquire(blocking=False):
+        kernel(out, *args)
+        return
+    try:
+        while len(_workers) < COUNT - 1:
+            _workers.append(_Worker(len(_workers) + 1))
+        n = out.shape[0]
+        bounds = [n * i // COUNT for i in range(COUNT + 1)]
+        for worker, lo, hi in zip(_workers, bounds[1:-1], bounds[2:]):
+            worker.post(kernel, [out[lo:hi], *[a[lo:hi] if isinstance(a, np.ndarray) else a
+                                                for a in args]])
+        try:
+            head = bounds[1]
+            kernel(out[:head], *[a[:head] if isinstance(a, np.ndarray) else a for a in args])
+        finally:
+            errors = []
+            for worker in _workers:  # every one, so none is still busy after an error
+                try:
+                    worker.join()
+                except BaseException as e:
+                    errors.append(e)
+            if errors:
+                raise errors[0]
+    finally:
+        _busy.release()

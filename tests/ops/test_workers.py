@@ -1,0 +1,100 @@
+"""ops/workers.py: large kernels split across cores give whole results, errors and all."""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from numba import njit
+
+import neuron_eager  # noqa: F401
+from neuron_eager.ops import workers
+
+N = torch.device("neuron")
+
+
+@njit(nogil=True)
+def _scaled_add(out, a, b, scale):
+    for i in range(out.shape[0]):
+        out[i] = a[i] + scale * b[i]
+
+
+def _inputs(n):
+    rng = np.random.default_rng(0)
+    return rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1 << 18 | 3])
+def test_every_element_is_computed_once(n):
+    a, b = _inputs(n)
+    out = np.full(n, np.nan, np.float32)
+    workers.split_call(_scaled_add, out, [a, b, np.float32(0.5)])
+    np.testing.assert_array_equal(out, a + np.float32(0.5) * b)
+
+
+def test_jobs_after_the_workers_went_to_sleep():
+    a, b = _inputs(1 << 12)
+    for pause in (0, 0.05, 0):  # 50 ms: past the spinning, the worker sleeps and is woken
+        out = np.zeros_like(a)
+        time.sleep(pause)
+        workers.split_call(_scaled_add, out, [a, b, np.float32(2)])
+        np.testing.assert_array_equal(out, a + np.float32(2) * b)
+
+
+def test_an_error_in_any_slice_is_raised_and_the_next_call_works():
+    calls = []
+
+    def failing(out, a):  # a Python kernel: each slice raises on its own thread
+        calls.append(threading.current_thread().name)
+        raise ValueError("slice failed")
+
+    a, b = _inputs(64)
+    with pytest.raises(ValueError, match="slice failed"):
+        workers.split_call(failing, np.zeros_like(a), [a])
+    assert len(calls) == workers.COUNT  # no slice was skipped, none still running
+    out = np.zeros_like(a)
+    workers.split_call(_scaled_add, out, [a, b, np.float32(1)])
+    np.testing.assert_array_equal(out, a + b)
+
+
+def test_two_threads_at_once():
+    a, b = _inputs(1 << 16)
+    results, errors = {}, []
+
+    def run(k):
+        try:
+            for _ in range(20):
+                out = np.zeros_like(a)
+                workers.split_call(_scaled_add, out, [a, b, np.float32(k)])
+                assert np.array_equal(out, a + np.float32(k) * b)
+            results[k] = True
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and results == {1: True, 3: True}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_splits_with_its_own_workers():
+    # (the child checks with NumPy: torch's own parallel CPU ops may hang after a fork)
+    script = (
+        "import os, numpy as np, torch, neuron_eager\n"
+        "x = torch.randn(1 << 19)\n"
+        "(x.to('neuron') * 2).cpu()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    got = (x.to('neuron') + 1).cpu().numpy()\n"
+        "    os._exit(0 if np.array_equal(got, x.numpy() + np.float32(1)) else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print('child', os.waitstatus_to_exitcode(status))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert "child 0" in done.stdout, done.stderr
