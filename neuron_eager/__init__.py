@@ -19,6 +19,7 @@ import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
 import neuron_eager.autocast  # noqa: E402,F401  (autocast kernels on AutocastPrivateUse1)
 from neuron_eager import device as _device  # noqa: E402
 from neuron_eager import profiler  # noqa: E402
+from neuron_eager import serialization  # noqa: E402
 from neuron_eager.adaptive import adaptive_eager  # noqa: E402,F401  (NEURON_EAGER_ADAPTIVE)
 
 __version__ = "0.1.0"
@@ -27,6 +28,7 @@ _compat.register_device_module(_device)
 _compat.ensure_foreach_support(NeuronTensor)
 _compat.install_accelerator_memory(_device.memory_stats, _device.synchronize)
 _compat.install_pinned_memory_shim()
+serialization.install()  # torch.load(..., map_location="neuron")
 profiler.install()  # torch.profiler shows neuron kernels with their simulated device time
 sys.modules.setdefault("torch.neuron", _device)
 # Trainium's fast type is bf16 (the Neuron compiler's --auto-cast-type default), so a bare

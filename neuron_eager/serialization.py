@@ -1,0 +1,73 @@
+"""torch.load(..., map_location="neuron"): checkpoints load onto the device.
+
+Note [Loading onto neuron]
+torch restores a storage mapped to a PrivateUse1 device by allocating an UntypedStorage on
+that device, which needs a C++ allocator that this Python device does not have: the process
+crashed. So a storage mapped to neuron stays the CPU storage torch read, marked with its
+target device, and each tensor torch rebuilds on a marked storage moves to neuron. The
+storage moves once, as bytes, and its tensors are views of that copy, so tensors that shared
+memory in the checkpoint (a parameter and a view of it) share it on the device too.
+(Checkpoints saved from neuron hold CPU tensors, NeuronTensor.__reduce_ex__, and load back
+onto neuron without a map_location.)
+"""
+from __future__ import annotations
+
+import torch
+import torch._utils
+import torch.serialization
+
+from neuron_eager import device as _device
+
+_PRIORITY = 19  # before torch's own PrivateUse1 deserializer (23), after the CPU's (10)
+
+
+def _target(location: str) -> torch.device | None:
+    """The neuron device a location tag names, or None for another device."""
+    if not isinstance(location, str) or not location.startswith("neuron"):
+        return None
+    device = torch.device(location)
+    index = device.index or 0
+    if index >= _device.device_count():
+        raise RuntimeError(f"Attempting to deserialize object on neuron device {index} but "
+                           f"torch.neuron.device_count() is {_device.device_count()}. Please "
+                           f"use torch.load with map_location to map your storages to an "
+                           f"existing device.")
+    return torch.device("neuron", index)
+
+
+def _deserialize(storage, location):
+    device = _target(location)
+    if device is None:
+        return None
+    storage._neuron_target = device  # Note [Loading onto neuron]
+    return storage
+
+
+def _untag(storage) -> None:
+    return None  # neuron tensors pickle as CPU tensors: storages are never tagged neuron
+
+
+def _move(tensor: torch.Tensor) -> torch.Tensor:
+    if type(tensor) is not torch.Tensor or tensor.device.type != "cpu":
+        return tensor
+    storage = tensor.untyped_storage()
+    device = getattr(storage, "_neuron_target", None)
+    if device is None:
+        return tensor
+    base = getattr(storage, "_neuron_bytes", None)
+    if base is None:
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+        base = storage._neuron_bytes = raw.to(device)
+    moved = base.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(),
+                                               tensor.storage_offset())
+    return moved.requires_grad_(tensor.requires_grad)
+
+
+def install() -> None:
+    torch.serialization.register_package(_PRIORITY, _untag, _deserialize)
+    restore = torch._utils._restore_device_fake_mode  # every rebuild of a tensor ends here
+
+    def restore_then_move(tensor):
+        return _move(restore(tensor))
+
+    torch._utils._restore_device_fake_mode = restore_then_move

@@ -1,0 +1,62 @@
+"""torch.load with map_location naming neuron (Note [Loading onto neuron])."""
+import io
+
+import pytest
+import torch
+
+import neuron_eager  # noqa: F401
+
+N = torch.device("neuron", 0)
+
+
+def _saved(obj) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+@pytest.mark.parametrize("where", ["neuron", "neuron:0", N, {"cpu": "neuron"}])
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_a_cpu_checkpoint_loads_onto_neuron(where, weights_only):
+    sd = {"w": torch.randn(3, 4), "b": torch.randn(4).bfloat16(), "n": torch.tensor(7)}
+    loaded = torch.load(_saved(sd), map_location=where, weights_only=weights_only)
+    for key, value in sd.items():
+        assert loaded[key].device == N
+        assert loaded[key].dtype == value.dtype
+        assert torch.equal(loaded[key].cpu(), value)
+
+
+def test_views_keep_sharing_memory_and_parameters_stay_parameters():
+    t = torch.arange(10.0)
+    p = torch.nn.Parameter(torch.randn(2, 3))
+    loaded = torch.load(_saved({"t": t, "v": t[2:5], "p": p}), map_location="neuron")
+    loaded["t"][3] = 100  # as on the CPU: the view sees it
+    assert loaded["v"].cpu().tolist() == [2.0, 100.0, 4.0]
+    assert isinstance(loaded["p"], torch.nn.Parameter) and loaded["p"].requires_grad
+    assert loaded["p"].is_leaf and torch.equal(loaded["p"].detach().cpu(), p.detach())
+
+
+def test_a_neuron_model_round_trips_with_every_map_location():
+    model = torch.nn.Linear(3, 2).to(N)
+    buf = _saved(model.state_dict())
+    for where, device in ((None, N), ("neuron", N), ("cpu", torch.device("cpu"))):
+        buf.seek(0)
+        loaded = torch.load(buf, map_location=where)
+        for key, value in model.state_dict().items():
+            assert loaded[key].device == device
+            assert torch.equal(loaded[key].cpu(), value.cpu())
+
+
+def test_a_device_that_does_not_exist_is_refused():
+    with pytest.raises(RuntimeError, match="neuron device 3 but torch.neuron.device_count"):
+        torch.load(_saved({"w": torch.ones(2)}), map_location="neuron:3")
+
+
+def test_other_loads_are_untouched():
+    sd = {"w": torch.randn(3)}
+    loaded = torch.load(_saved(sd), map_location="cpu")
+    assert loaded["w"].device.type == "cpu" and torch.equal(loaded["w"], sd["w"])
+    # the marks stay on storages of neuron loads only: a later CPU load of the same bytes
+    again = torch.load(_saved(sd))
+    assert again["w"].device.type == "cpu"
