@@ -178,14 +178,16 @@ def _functional_of(func):
     packet = getattr(aten, name, None)
     if packet is None:
         return None
-    want = [a.name for a in schema.arguments if not a.is_out]
-    for overload in packet.overloads():
-        candidate = getattr(packet, overload)
-        args = candidate._schema.arguments
-        if candidate is func or any(a.is_out for a in args):
-            continue
-        if [a.name for a in args] == want and not _is_inplace(candidate):
-            return candidate
+    candidates = [c for c in (getattr(packet, o) for o in packet.overloads())
+                  if c is not func and not _is_inplace(c)
+                  and not any(a.is_out for a in c._schema.arguments)]
+    # names and types first (index_fill_.int_Scalar is not index_fill.int_Tensor), then
+    # names only (List[Tensor] where the functional takes List[Optional[Tensor]])
+    for key in (lambda a: (a.name, str(a.type)), lambda a: a.name):
+        want = [key(a) for a in schema.arguments if not a.is_out]
+        for candidate in candidates:
+            if [key(a) for a in candidate._schema.arguments] == want:
+                return candidate
     return None
 
 

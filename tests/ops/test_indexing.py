@@ -272,6 +272,9 @@ def test_zero_dim_and_index_fill(seed):
     x = torch.randn(4, 5)
     check_op(lambda t, i: t.index_fill(1, i, -2.0), x, torch.tensor([0, -1]))
     check_op(lambda t, i: t.clone().index_fill_(0, i, torch.tensor(3.0)), x, torch.tensor([2]))
+    # in place with a Python number: the Scalar overload, not the Tensor one
+    check_op(lambda t, i: t.clone().index_fill_(1, i, -1.0), x, torch.tensor([0, 2]))
+    check_op(lambda t, i: t.clone().index_fill_(0, i, 5), x, torch.tensor([1]))
     check_error(lambda t, i: t.index_fill(0, i, 1.0), x, torch.tensor([4]))
     check_op(lambda t: torch.where(t > 100), x)  # empty result, unbound into views
 
