@@ -26,6 +26,12 @@ def cpu_fallback(op, args, kwargs):
     return router.cpu_fallback(op, args, kwargs)
 
 
+def check_devices(tensors) -> None:
+    from neuron_eager.ops import router
+
+    router.check_devices(tensors)
+
+
 # log_probs are (T, N, C) values, targets flat int64 with per-sample offsets and a stride;
 # the extended target s is blank for even s and target[s // 2] for odd s.
 _NEG_INF = np.float32(-np.inf)
@@ -120,10 +126,22 @@ def ctc_beta_grad(lp, targets, offsets, stride, in_lens, tg_lens, blank, alpha, 
 
 
 def _lengths(v) -> np.ndarray:
-    if isinstance(v, torch.Tensor):
+    if isinstance(v, T.NeuronTensor):
         return widen(v.contiguous()).astype(np.int64).reshape(-1) if v.numel() else \
             np.zeros(0, np.int64)
+    if isinstance(v, torch.Tensor):  # on the CPU, as CUDA also accepts
+        return v.detach().reshape(-1).to(torch.int64).numpy()
     return np.asarray(list(v), np.int64).reshape(-1)
+
+
+def _as_lists(op_list, args: tuple, lengths_at: int):
+    """The int[] overload and its arguments, lengths as lists: the CPU fallback then has no
+    CPU tensor among neuron ones (lengths may live on either device)."""
+    args = list(args)
+    for k in (lengths_at, lengths_at + 1):
+        if isinstance(args[k], torch.Tensor):
+            args[k] = _lengths(args[k]).tolist()
+    return op_list, tuple(args)
 
 
 def _ctc_setup(log_probs, targets, input_lengths, target_lengths):
@@ -164,10 +182,10 @@ def _ctc_ok(log_probs, targets, input_lengths, target_lengths, blank):
     return bool(tv.size == 0 or ((tv >= 0) & (tv < C)).all())
 
 
-def _ctc_forward(op, log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
     args = (log_probs, targets, input_lengths, target_lengths, blank, zero_infinity)
     if not _ctc_ok(log_probs, targets, input_lengths, target_lengths, blank):
-        return cpu_fallback(op, args, {})
+        return cpu_fallback(*_as_lists(aten._ctc_loss.default, args, 2), {})
     lpv, tv, offsets, in_lens, tg_lens, (T_, N, C), max_len = _ctc_setup(
         log_probs, targets, input_lengths, target_lengths)
     stride = 1
@@ -184,22 +202,22 @@ def _ctc_forward(op, log_probs, targets, input_lengths, target_lengths, blank, z
 
 @register(aten._ctc_loss.default, aten._ctc_loss.Tensor)
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
-    op = aten._ctc_loss.Tensor if isinstance(input_lengths, torch.Tensor) else \
-        aten._ctc_loss.default
-    return _ctc_forward(op, log_probs, targets, input_lengths, target_lengths, blank,
-                        zero_infinity)
+    check_devices((log_probs, targets))
+    return _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity)
+
+
+ctc_loss.checks_devices = True  # lengths may be CPU tensors
 
 
 @register(aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)
 def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths,
                       neg_log_likelihood, log_alpha, blank, zero_infinity=False):
-    op = aten._ctc_loss_backward.Tensor if isinstance(input_lengths, torch.Tensor) else \
-        aten._ctc_loss_backward.default
+    check_devices((grad, log_probs, targets, neg_log_likelihood, log_alpha))
     args = (grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood,
             log_alpha, blank, zero_infinity)
     if not _ctc_ok(log_probs, targets, input_lengths, target_lengths, blank) or \
             not all(isinstance(t, T.NeuronTensor) for t in (grad, neg_log_likelihood, log_alpha)):
-        return cpu_fallback(op, args, {})
+        return cpu_fallback(*_as_lists(aten._ctc_loss_backward.default, args, 3), {})
     lpv, tv, offsets, in_lens, tg_lens, (T_, N, C), max_len = _ctc_setup(
         log_probs, targets, input_lengths, target_lengths)
     alpha = widen(log_alpha.contiguous()).reshape(log_alpha.shape) if log_alpha.numel() else \
@@ -214,3 +232,6 @@ def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths,
     narrow_into(out, values.reshape(-1))
     core.launch("vector", values.size, lpv.nbytes + alpha.nbytes + values.nbytes)
     return out
+
+
+ctc_loss_backward.checks_devices = True

@@ -223,3 +223,19 @@ def test_ctc_loss(reduction, seed):
                                               zero_infinity=True),
              lp, flat, torch.tensor([12, 1, 5]), torch.tensor([4, 2, 0]), grad=True,
              rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_ctc_loss_with_lengths_on_the_cpu(reduction, seed):
+    # as on CUDA, the lengths may stay CPU tensors (only log_probs must be on the device);
+    # "mean" divides by the CPU lengths, which CUDA refuses too
+    lp = torch.randn(12, 2, 6).log_softmax(2).requires_grad_()
+    targets = torch.tensor([[1, 2, 2, 3], [4, 1, 0, 0]])
+    in_lens, tg_lens = torch.tensor([12, 10]), torch.tensor([4, 2], dtype=torch.int32)
+    check_op(lambda lp, t: F.ctc_loss(lp, t, in_lens, tg_lens, reduction=reduction), lp,
+             targets, grad=True, rtol=1e-4, atol=1e-5)
+    with pytest.raises(RuntimeError) as cpu:  # input longer than log_probs: the CPU's error
+        F.ctc_loss(lp, targets, torch.tensor([13, 10]), tg_lens)
+    with pytest.raises(RuntimeError) as ours:
+        F.ctc_loss(lp.detach().to(NEURON), targets.to(NEURON), torch.tensor([13, 10]), tg_lens)
+    assert str(ours.value) == str(cpu.value)
