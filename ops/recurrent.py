@@ -82,3 +82,21 @@ def fused_gru_cell_backward(grad_hy, workspace, has_bias):
                 aten.sum.dim_IntList(grad_input_gates, [0]),
                 aten.sum.dim_IntList(grad_hidden_gates, [0]))
     return grad_input_gates, grad_hidden_gates, grad_hx, None, None
+
+
+@register(aten._pack_padded_sequence.default)
+def pack_padded_sequence(input, lengths, batch_first):
+    """PackedSequence data: the CPU packs a stand-in of element indices with the same
+    lengths (its checks and errors included), the device gathers those rows. `lengths` is a
+    CPU tensor, as on CUDA."""
+    if not isinstance(lengths, torch.Tensor) or lengths.device.type != "cpu":
+        raise RuntimeError("'lengths' argument should be a 1D CPU int64 tensor, but got "
+                           f"1D {lengths.device.type} {str(lengths.dtype)[6:]} tensor")
+    lead = tuple(input.shape[:2])
+    index = torch.arange(lead[0] * lead[1]).reshape(lead)
+    rows, batch_sizes = aten._pack_padded_sequence.default(index, lengths, batch_first)
+    flat = aten.reshape.default(input, [lead[0] * lead[1], *input.shape[2:]])
+    return aten.index_select.default(flat, 0, rows.to(input.device)), batch_sizes
+
+
+pack_padded_sequence.checks_devices = True  # lengths live on the CPU

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from checks import check_op
+from checks import NEURON, check_op
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
@@ -37,3 +37,29 @@ def test_lstm_cell_with_initial_state(seed):
     dout, (dh, dc) = dev(x.to("neuron"), (h0.to("neuron"), c0.to("neuron")))
     for a, b in [(dout, out), (dh, h), (dc, c)]:
         torch.testing.assert_close(a.cpu(), b.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_packed_sequences_through_a_bidirectional_lstm(batch_first, seed):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    x = torch.randn(3, 6, 5) if batch_first else torch.randn(6, 3, 5)
+    lengths = torch.tensor([2, 6, 4])  # unsorted: pack_padded_sequence sorts them
+    lstm = torch.nn.LSTM(5, 7, batch_first=batch_first, bidirectional=True)
+
+    def run(inp, module):
+        packed = pack_padded_sequence(inp, lengths, batch_first=batch_first,
+                                      enforce_sorted=False)
+        out, _ = module(packed)
+        padded, out_lengths = pad_packed_sequence(out, batch_first=batch_first)
+        sizes[inp.device.type] = packed.batch_sizes, out_lengths  # CPU tensors, as on CUDA
+        return packed.data, padded
+
+    sizes = {}
+    check_op(lambda inp: run(inp, lstm.to(inp.device)), x.requires_grad_(), grad=True,
+             rtol=1e-5, atol=1e-6)
+    for ours, cpu in zip(sizes["neuron"], sizes["cpu"]):
+        assert ours.device.type == "cpu" and torch.equal(ours, cpu)
+    with pytest.raises(RuntimeError, match="must be sorted in decreasing order"):
+        pack_padded_sequence(x.detach().to(NEURON), torch.tensor([2, 6, 4]),
+                             batch_first=batch_first)
