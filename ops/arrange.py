@@ -268,3 +268,34 @@ register(aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar,
          aten.logspace.Scalar_Tensor)(_logspace_tensor)
 register(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
          aten.linspace.Scalar_Tensor)(_linspace_tensor)
+
+
+@njit(nogil=True, cache=True)
+def _repeat_indices(out, counts):
+    k = 0
+    for i in range(counts.shape[0]):
+        for _ in range(counts[i]):
+            out[k] = i
+            k += 1
+
+
+@register(aten.repeat_interleave.Tensor)
+def repeat_interleave(repeats, *, output_size=None):
+    """Indices i repeated repeats[i] times: the counts come to the host to size the output
+    (CUDA synchronizes here too, unless given output_size)."""
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (torch.int32, torch.int64):
+        raise NotImplementedError(f"\"repeat_interleave_cpu\" not implemented for "
+                                  f"'{T.dtype_name(repeats.dtype)}'")
+    counts = repeats._nd.astype(np.int64)
+    core.launch("dma", counts.size, counts.nbytes)
+    if (counts < 0).any():
+        raise RuntimeError("repeats can not be negative")
+    total = int(counts.sum())
+    if output_size is not None and output_size != total:
+        raise RuntimeError("allocated size does not match required size")
+    out = T.empty((total,), repeats.dtype)
+    _repeat_indices(out._nd, counts)
+    core.launch("vector", total, out._nd.nbytes)
+    return out

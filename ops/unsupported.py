@@ -34,6 +34,18 @@ register(aten._sparse_coo_tensor_with_dims_and_tensors, aten._sparse_coo_tensor_
          aten._sparse_compressed_tensor_unsafe, aten.to_sparse, aten._to_sparse,
          aten._to_sparse_csr, aten._to_sparse_csc, aten._to_sparse_bsr, aten._to_sparse_bsc,
          aten.sparse_resize_, aten.sparse_resize_and_clear_)(_refuse(SPARSE))
+# nn.TransformerEncoder takes this path by itself (eval mode, src_key_padding_mask given)
+ENCODER = (NESTED + " nn.TransformerEncoder converts its input to a nested tensor in eval mode "
+           "when given a src_key_padding_mask: build it with enable_nested_tensor=False, or "
+           "call torch.backends.mha.set_fastpath_enabled(False), to run it on neuron.")
 register(aten._nested_view_from_jagged, aten._nested_tensor_from_tensor_list,
-         aten._nested_from_padded, aten._nested_view_from_buffer,
-         aten._nested_tensor_from_mask)(_refuse(NESTED))
+         aten._nested_from_padded, aten._nested_view_from_buffer)(_refuse(NESTED))
+register(aten._nested_tensor_from_mask)(_refuse(ENCODER))
+
+
+@register(aten._nested_tensor_from_mask_left_aligned)
+def nested_mask_left_aligned(t, mask):
+    """nn.TransformerEncoder's question before it nests (a Python bool): answered by the CPU
+    on a copy of the mask and a stand-in of `t`."""
+    stand_in = torch.zeros((), dtype=t.dtype).expand(t.shape)
+    return aten._nested_tensor_from_mask_left_aligned.default(stand_in, mask.cpu())
