@@ -5,6 +5,7 @@ from neuron_eager.ops import (  # noqa: F401
     activation,
     amp,
     arithmetic,
+    attention,
     arrange,
     bags,
     conv,

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-import neuron_eager  # noqa: F401
+import neuron_eager
 
 N = torch.device("neuron")
 
@@ -36,3 +36,65 @@ def test_without_nesting_it_matches_the_cpu():
         expected = cpu(x, src_key_padding_mask=pad)
         got = ours(x.to(N), src_key_padding_mask=pad.to(N))
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def _masks(B, L):
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[1, 4:] = True
+    pad[-1, :] = True  # a sequence masked out entirely (NaN rows, on the CPU as here)
+    causal = torch.triu(torch.ones(L, L, dtype=torch.bool), 1)
+    return [{}, {"key_padding_mask": pad}, {"attn_mask": causal},
+            {"attn_mask": causal, "key_padding_mask": pad},
+            {"attn_mask": causal.float() * -1e9}, {"need_weights": False},
+            {"average_attn_weights": False}]
+
+
+def _on(device, kwargs):
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
+@pytest.mark.parametrize("case", range(len(_masks(3, 6))))
+def test_multihead_attention_fast_path_runs_natively(case):
+    neuron_eager.clear_op_tracking()
+    torch.manual_seed(0)
+    cpu = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    ours = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    ours.load_state_dict(cpu.state_dict())
+    ours.to(N)
+    x, kv = torch.randn(3, 6, 16), torch.randn(3, 6, 16)
+    kwargs = _masks(3, 6)[case]
+    with torch.no_grad():
+        for args in ((x, x, x), (x, kv, kv)):  # self- and cross-attention
+            expected = cpu(*args, **kwargs)
+            got = ours(*[a.to(N) for a in args], **_on(N, kwargs))
+            for g, e in zip(got, expected):
+                if e is None:
+                    assert g is None
+                else:
+                    torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert neuron_eager.get_fallback_ops() == {}
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_layer_fast_path_runs_natively(norm_first, activation):
+    neuron_eager.clear_op_tracking()
+    torch.manual_seed(0)
+
+    def layer():
+        return nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, norm_first=norm_first,
+                                          activation=activation).eval()
+
+    cpu, ours = layer(), layer()
+    ours.load_state_dict(cpu.state_dict())
+    ours.to(N)
+    x = torch.randn(2, 6, 16)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    causal = torch.triu(torch.ones(6, 6, dtype=torch.bool), 1)
+    with torch.no_grad():
+        for kwargs in ({}, {"src_key_padding_mask": pad}, {"src_mask": causal},
+                       {"src_mask": causal, "is_causal": True}):
+            torch.testing.assert_close(ours(x.to(N), **_on(N, kwargs)).cpu(), cpu(x, **kwargs),
+                                       rtol=1e-5, atol=2e-6)
+    assert neuron_eager.get_fallback_ops() == {}

@@ -130,3 +130,15 @@ def test_one_launch_per_kernel(seed):
         assert core.kernels_launched - before[0] >= 1
         assert core.launches_by_engine[engines[1]] == before[1] + 1
         x.grad = None
+
+
+@pytest.mark.parametrize("mask_type", [0, 1, 2])
+def test_masked_softmax_mask_types(mask_type, seed):
+    x = torch.randn(2, 3, 5, 5)
+    full = torch.rand(2, 3, 5, 5) > 0.6
+    full[..., 0] = False  # no row masked out entirely (the CPU leaves those undefined)
+    mask = {0: full[0, 0], 1: full[:, 0, 0], 2: full}[mask_type]
+    check_op(lambda t, m: torch._masked_softmax(t, m, 3, mask_type), x, mask)
+    if mask_type == 2:  # along another dim
+        full[:, 0] = False
+        check_op(lambda t, m: torch._masked_softmax(t, m, 1, 2), x, full)
