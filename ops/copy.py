@@ -30,11 +30,36 @@ def warn_float64(dtype: torch.dtype) -> None:
                           "on Trainium (TorchNeuron's policy); expect float32 precision.")
 
 
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_int64_warned = False
+
+
+def warn_int64_range(*values) -> None:
+    """Warn once when int64 values outside int32's range reach the device: they are stored
+    exactly, but ops compute int64 as int32 (TorchNeuron's policy) and wrap them."""
+    global _int64_warned
+    if _int64_warned:
+        return
+    for v in values:
+        if isinstance(v, np.ndarray):
+            out = v.size and (v.min() < _INT32_MIN or v.max() > _INT32_MAX)
+        else:
+            out = isinstance(v, int) and not _INT32_MIN <= v <= _INT32_MAX
+        if out:
+            _int64_warned = True
+            warn_at_user_line("int64 values outside the int32 range reached neuron: they are "
+                              "stored as int64, but ops compute int64 as int32, as on Trainium "
+                              "(TorchNeuron's policy), so arithmetic on them wraps.")
+            return
+
+
 def host_to_device(src: torch.Tensor, dtype: torch.dtype | None = None) -> NeuronTensor:
     dtype = dtype or src.dtype
     T.check_dtype(src.dtype)
     warn_float64(dtype)
     staged = T.from_cpu(src.detach().resolve_conj().resolve_neg())
+    if src.dtype == torch.int64:
+        warn_int64_range(staged._nd)
     core.launch("dma", src.numel(), staged._nd.nbytes)
     if dtype == src.dtype:
         return staged
@@ -60,6 +85,8 @@ def copy_(dst, src, non_blocking=False):
             if src.dtype == dst.dtype:
                 if src.shape == dst.shape:  # Note [Host copies]
                     np.copyto(dst._nd, T.host_array(src))
+                    if dst.dtype == torch.int64:
+                        warn_int64_range(dst._nd)
                 else:  # broadcast, with torch's checks and errors
                     T.cpu_alias(dst).copy_(src)
                 core.launch("dma", dst.numel(), dst._nd.nbytes)

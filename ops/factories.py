@@ -98,6 +98,8 @@ def _arange(op):
         values = list(args[:3])
         start, step = (0, 1) if len(values) == 1 else (values[0], values[2] if len(values) > 2
                                                         else kwargs.get("step", 1))
+        if meta.dtype == torch.int64:
+            C.warn_int64_range(*[v for v in values if isinstance(v, int)])
         if out.numel():
             kernel = _storer64(numerics.CODE[out.dtype])[0]
             kernel(out._nd, float(start) if meta.dtype.is_floating_point else int(start),

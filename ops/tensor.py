@@ -93,7 +93,7 @@ class NeuronStorage:
         self.buffer = self.block.buffer
 
     def __del__(self):
-        block = self.block
+        block = getattr(self, "block", None)  # unset if __init__ raised before malloc returned
         if block is not None:
             self.block = None
             if core is not None:  # None when the interpreter is tearing modules down

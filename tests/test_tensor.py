@@ -267,3 +267,22 @@ def test_index_factories():
         for fn in (torch.tril_indices, torch.triu_indices):
             assert torch.equal(fn(*args, device="neuron").cpu(), fn(*args))
     assert torch.tril_indices(3, 3, dtype=torch.int32, device="neuron").dtype == torch.int32
+
+
+def test_int64_outside_int32_warns_where_it_reaches_the_device():
+    copy_module = neuron_eager.ops.copy
+    copy_module._int64_warned = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # values that fit: no warning
+        small = torch.tensor([5, -7]).to("neuron") + 1
+        torch.arange(10, device="neuron")
+    assert small.cpu().tolist() == [6, -6]
+    for make in (lambda: torch.tensor([2 ** 40]).to("neuron"),
+                 lambda: torch.zeros(1, dtype=torch.int64, device="neuron").copy_(
+                     torch.tensor([-2 ** 33])),
+                 lambda: torch.arange(2 ** 33, 2 ** 33 + 4, device="neuron")):
+        copy_module._int64_warned = False
+        with pytest.warns(UserWarning, match="int64 values outside the int32 range"):
+            stored = make()
+        if stored.numel() == 1:
+            assert stored.cpu().item() in (2 ** 40, -2 ** 33)  # stored exactly
