@@ -424,13 +424,14 @@ def _view(t, shape: tuple, strides: tuple):
 
 
 def _resolve(region, values, kind, ref):
-    return values[ref] if kind == "n" else region.inputs[ref]
+    return values[ref] if kind == "n" else region.read(ref)
 
 
 def _run_ops(region, values, g: Group) -> None:
     """The group's ops one by one, through the normal kernels."""
     for j in g.all_nodes():
         node = region.nodes[j]
+        values["failed at"] = j  # which op an error comes from (run_region's message)
         operands = [node.raw[ref] if kind == "s" else _resolve(region, values, kind, ref)
                     for kind, ref in node.refs]
         if node.op is plans.VIEW:  # the base's memory, seen through the recorded layout
@@ -444,13 +445,14 @@ def _run_ops(region, values, g: Group) -> None:
         else:
             values[j] = E.run(node.op, operands, node.params)
         stats["unfused_ops"] += 1
+    values.pop("failed at", None)
 
 
 def _output(region, node):
     """Where node's result goes: the memory of the tensor it updates in place, or new memory,
     given at once to a pending tensor of the node if one is alive (no stand-in tensor)."""
     if node.target is not None:
-        return region.inputs[node.target]
+        return region.read(node.target)
     for ref in node.outs:
         t = ref()
         if t is not None and "_storage" not in t.__dict__:
@@ -547,13 +549,13 @@ def run_region(region, reason: str) -> None:
                 _run_ops(region, values, g)
                 mode = f"op by op (sighting {plan.seen})" if g.spec is not None else "op by op"
         except Exception as e:
-            node = nodes[g.nodes[0]]
+            node = nodes[values.get("failed at", g.nodes[0])]  # a fused kernel: its first op
             error = RuntimeError(f"adaptive eager: running {node.op.name} recorded at "
                                  f"{node.where[0]}:{node.where[1]} failed: {e}")
             for later in nodes:
                 later.error = repr(e)  # a string: no traceback (and its frames) kept alive
                 if later.target is not None:  # the tensor gets its memory back
-                    values.setdefault(later.index, region.inputs[later.target])
+                    values.setdefault(later.index, region.read(later.target))
             _give_storage(nodes, values, range(len(nodes)))
             raise error from e
         finally:

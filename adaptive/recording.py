@@ -21,7 +21,7 @@ from neuron_eager.device_sim import config
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import foreach
 from neuron_eager.ops import numerics, views
-from neuron_eager.ops.sourceline import user_frame
+from neuron_eager.ops.sourceline import user_frame, warn_at_user_line
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.router import native_counter
 
@@ -70,7 +70,7 @@ class Region:
     keeps tensors alive until the garbage collector runs (Note [No cycles]).
     """
 
-    __slots__ = ("nodes", "inputs", "input_index", "descs", "sigs", "serial")
+    __slots__ = ("nodes", "inputs", "input_index", "descs", "sigs", "memory", "serial")
     _count = 0
 
     def __init__(self):
@@ -81,16 +81,39 @@ class Region:
         self.input_index: dict[int, int] = {}
         self.descs: list[tuple] = []  # (dtype, shape, stride) per input
         self.sigs: list[tuple] = []  # (dtype, shape) per input: its part of a signature
+        self.memory: list[tuple] = []  # (storage, offset) per input, when it was read
 
     def input(self, t: NeuronTensor) -> int:
         m = self.input_index.get(id(t))
-        if m is None:  # the region holds the tensor, so its id stays unique
+        storage = t.__dict__.get("_storage")  # None: computed by an earlier part of a flush
+        if m is None or self.memory[m][0] is not storage:
+            # new, or its memory changed since it was read (Note [Inputs are read when
+            # recorded]); the region holds the tensor, so its id stays unique
             m = self.input_index[id(t)] = len(self.inputs)
             self.inputs.append(t)
             desc = (t.dtype, t.shape, t.stride())
             self.descs.append(desc)
             self.sigs.append(desc[:2])
+            self.memory.append((storage, None if storage is None else t.storage_offset()))
         return m
+
+    def read(self, m: int) -> NeuronTensor:
+        """Input m as it was when recorded (Note [Inputs are read when recorded])."""
+        t = self.inputs[m]
+        storage, offset = self.memory[m]
+        if storage is None or (t.__dict__.get("_storage") is storage and
+                               t.storage_offset() == offset):
+            return t
+        dtype, shape, stride = self.descs[m]
+        return T.make(storage, shape, stride, offset, dtype)
+
+
+# Note [Inputs are read when recorded]
+# A recorded op reads its inputs' memory as it is at the op, as plain eager would. Writes
+# into that memory are ops (recorded, or a flush first), but a tensor can also be given other
+# memory without any op: `x.data = y`, torch.utils.swap_tensors (Module.to(dtype) uses both).
+# So a region keeps each input's storage and offset from when it was first read; a later read
+# of a tensor whose memory changed is a new input, and the flush reads the kept memory.
 
 
 # Note [No cycles]
@@ -112,9 +135,26 @@ def pending_node(t) -> Node | None:
     return t.__dict__.get("_node") if type(t) is NeuronTensor else None
 
 
+_stochastic_warned = False
+
+
+def _stochastic_rounding_on() -> bool:
+    """Stochastic rounding draws noise per launch on the calling thread (Note [stochastic
+    rounding noise]): fused kernels would draw other noise than plain eager, so nothing is
+    recorded while it is on. Said once, not silently."""
+    global _stochastic_warned
+    if not config.stochastic_rounding:
+        return False
+    if not _stochastic_warned:
+        _stochastic_warned = True
+        warn_at_user_line("adaptive eager records nothing while stochastic rounding is on "
+                          "(NEURON_RT_STOCHASTIC_ROUNDING_EN=1): ops run as in plain eager")
+    return True
+
+
 def _record(plan, args, kwargs):
     """Record one fusible op; None when it should run eagerly instead."""
-    if config.stochastic_rounding:
+    if _stochastic_rounding_on():
         return None
     planned = plan(*args, **kwargs)  # the kernel's own checks, raised here
     if planned is None:
@@ -245,7 +285,7 @@ def _record_inplace(plan, args, kwargs):
     writes, and `a` becomes pending, so any read of `a` flushes (Note [In-place ops]).
     """
     a = args[0]
-    if config.stochastic_rounding or type(a) is not NeuronTensor:
+    if _stochastic_rounding_on() or type(a) is not NeuronTensor:
         return None
     op, operands, params = plan(*args, **kwargs)
     if not operands or operands[0] is not a or a.numel() == 0:
@@ -259,7 +299,9 @@ def _record_inplace(plan, args, kwargs):
             return None  # another tensor sees this memory: run it eagerly
     else:
         storage = d.get("_storage")
-        if storage is None or sys.getrefcount(storage) > 3:  # d, `storage`, the call's arg
+        m = region.input_index.get(id(a))
+        kept = m is not None and region.memory[m][0] is storage  # the region's own reference
+        if storage is None or sys.getrefcount(storage) > 3 + kept:  # d, `storage`, the arg
             return None
     sig = (op, tuple((o.dtype, o.shape) if isinstance(o, torch.Tensor) else type(o)
                      for o in operands))
@@ -275,7 +317,7 @@ def _record_inplace(plan, args, kwargs):
     else:
         target = region.input(a)
         region.inputs[target] = T.make(storage, a.shape, a.stride(), a.storage_offset(),
-                                       a.dtype)
+                                       a.dtype)  # a stand-in: `a` itself becomes pending
         del region.input_index[id(a)]  # later reads of `a` name the node
         del storage
         for name in _DATA:
@@ -394,7 +436,7 @@ _UNSAFE_VIEW = aten._unsafe_view.default
 def _record_view(func, node: Node, args, kwargs):
     """A view of a pending tensor: another pending tensor on the same memory (no kernel);
     None to flush and run it eagerly."""
-    if config.stochastic_rounding:
+    if _stochastic_rounding_on():
         return None
     for a in (*args[1:], *kwargs.values()):
         if type(a) is NeuronTensor:
@@ -515,6 +557,7 @@ def _move(source: Region, moved: list, target: Region, kept: dict) -> None:
             target.inputs.append(source.inputs[m])
             target.descs.append(source.descs[m])
             target.sigs.append(source.sigs[m])
+            target.memory.append(source.memory[m])
         return inputs[m]
 
     for k, n in enumerate(moved):

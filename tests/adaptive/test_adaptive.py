@@ -333,3 +333,38 @@ def test_recorded_ops_are_counted_after_the_kernel_table_changes():
     neuron_eager.clear_op_tracking()
     (x * 3).cpu()
     assert neuron_eager.get_executed_ops().get("aten::mul.Tensor") == 1
+
+
+# -- memory given to a tensor without an op (Note [Inputs are read when recorded]) -----------
+def test_data_assignment_after_a_recorded_read():
+    def program():
+        x = torch.ones(3, device=N)
+        y = x * 5
+        x.data = torch.full((3,), 100.0, device=N)
+        return y, x + 1, y * 2
+
+    both_modes(program)
+
+
+def test_swap_tensors_after_a_recorded_read():
+    def program():
+        a = torch.ones(3, device=N)
+        c = a * 5
+        torch.utils.swap_tensors(a, torch.full((3,), 2.0, device=N))
+        return c, a * 5
+
+    both_modes(program)
+
+
+@pytest.mark.parametrize("convert", [lambda m: m.to(torch.bfloat16), lambda m: m.half(),
+                                     lambda m: m.double()])
+def test_module_dtype_change_after_a_recorded_read(convert):
+    def program():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(3, 2).to(N)
+        w = m.weight * 2
+        b = m.bias + 1
+        convert(m)
+        return w, b, m.weight * 1, m.bias.float()
+
+    both_modes(program)
