@@ -1,0 +1,52 @@
+"""Weight tying survives Module.to (Note [Parameters keep their identity])."""
+import torch
+
+import neuron_eager  # noqa: F401
+
+N = torch.device("neuron")
+
+
+class TiedLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 6)
+        self.mix = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(6, 11, bias=False)
+        self.head.weight = self.emb.weight  # GPT-2 style
+
+
+def _train(device, steps=3):
+    torch.manual_seed(0)
+    model = TiedLM()
+    original = model.emb.weight
+    model.to(device)
+    assert model.head.weight is model.emb.weight is original
+    assert len(list(model.parameters())) == 3  # the tied weight once
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    tokens = torch.randint(0, 11, (4, 5)).to(device)
+    losses = []
+    for _ in range(steps):
+        logits = model.head(torch.tanh(model.mix(model.emb(tokens))))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), tokens.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, model
+
+
+def test_tied_weights_train_like_the_cpu():
+    ours, model = _train(N)
+    cpu, cpu_model = _train("cpu")
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(cpu), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.emb.weight.detach().cpu(), cpu_model.emb.weight.detach(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_dtype_changes_keep_the_tie():
+    model = TiedLM().to(N)
+    model.to(torch.bfloat16)
+    assert model.head.weight is model.emb.weight
+    assert model.emb.weight.dtype == torch.bfloat16 and model.emb.weight.device.type == "neuron"
+    model.float()
+    assert model.head.weight is model.emb.weight and model.emb.weight.dtype == torch.float32
