@@ -7,6 +7,8 @@ In-place metadata ops (t_, unsqueeze_, resize_, set_, ...) edit the wrapper.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from neuron_eager.ops import _compat
@@ -75,10 +77,20 @@ def view_metadata(func, x, args, kwargs):
     return hit
 
 
+def normal_views_of(x):
+    """A context for making views of `x`: inside torch.inference_mode, a view of a normal
+    tensor is a normal tensor, as on the CPU (autograd then gives it x's version counter,
+    which an inference tensor cannot take)."""
+    if torch.is_inference_mode_enabled() and not x.is_inference():
+        return torch.inference_mode(False)
+    return contextlib.nullcontext()
+
+
 def make_view(func):
     def view(x, *args, **kwargs):
         metas, many = view_metadata(func, x, args, kwargs)
-        outs = [T.make(x._storage, s, st, off, dt) for s, st, off, dt in metas]
+        with normal_views_of(x):
+            outs = [T.make(x._storage, s, st, off, dt) for s, st, off, dt in metas]
         return outs if many else outs[0]
 
     return view
@@ -90,7 +102,8 @@ for _op in VIEW_OPS:
 
 @register(aten.detach.default)
 def detach(x):
-    return T.make(x._storage, x.shape, x.stride(), x.storage_offset(), x.dtype)
+    with normal_views_of(x):
+        return T.make(x._storage, x.shape, x.stride(), x.storage_offset(), x.dtype)
 
 
 def make_inplace_view(func):

@@ -286,3 +286,14 @@ def test_int64_outside_int32_warns_where_it_reaches_the_device():
             stored = make()
         if stored.numel() == 1:
             assert stored.cpu().item() in (2 ** 40, -2 ** 33)  # stored exactly
+
+
+def test_views_inside_inference_mode_are_what_the_cpu_gives():
+    for device in ("cpu", "neuron"):
+        w = torch.arange(24.0).reshape(6, 4).to(device)
+        with torch.inference_mode():
+            views = [w[1:3], w.t(), w.view(24), w.detach(), *w.chunk(2), *w.unbind(1)]
+            assert not any(v.is_inference() for v in views)  # views of a normal tensor
+            fresh = torch.ones(3, device=device)
+            assert fresh.is_inference() and fresh[1:].is_inference()
+            assert w[1:3].sum().item() == 60.0
