@@ -16,24 +16,30 @@ from numba import njit
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
+from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
 
 
 def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="default",
-           engine="vector", float_only=False, plain=None):
+           engine="vector", float_only=False, plain=None, check=None):
     """Register `fn` for the given overloads.
 
     `params` lists (name, default) of the scalar arguments after the operands. `plain`, if
     given, is the same function with every parameter at its default (e.g. add without
-    alpha): calls that pass no parameter use it, one kernel argument fewer.
+    alpha): calls that pass no parameter use it, one kernel argument fewer. `check`, if
+    given, sees the operands first and raises the CPU's error for those it refuses.
     """
     op = E.Elementwise(name, njit(fn), len(params), kind, engine, float_only)
     plain_op = E.Elementwise(name + "_plain", njit(plain), 0, kind, engine, float_only) \
         if plain is not None else None
 
-    def parse(args, kwargs):
+    def parse(args, kwargs, inplace=False):
+        if check is not None:
+            if inplace:  # the CPU checks the cast into the output first
+                E.check_castable(E.result_type(*args[:operands]), args[0].dtype)
+            check(*args[:operands])
         values = []
         for j, (pname, default) in enumerate(params):
             i = operands + j
@@ -44,6 +50,8 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
         @register(*functional)
         def forward(*args, **kwargs):
             if plain_op is not None and len(args) == operands and not kwargs:
+                if check is not None:
+                    check(*args)
                 return E.run(plain_op, args)
             ops, values = parse(args, kwargs)
             return E.run(op, ops, values)
@@ -53,6 +61,8 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
         @E.fusible(*functional)  # the same choice as `forward` (Note [Fusible ops])
         def plan(*args, **kwargs):
             if plain_op is not None and len(args) == operands and not kwargs:
+                if check is not None:
+                    check(*args)
                 return plain_op, args, ()
             ops, values = parse(args, kwargs)
             return op, ops, values
@@ -60,26 +70,63 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
     if inplace:
         @register(*inplace)
         def forward_(*args, **kwargs):
-            ops, values = parse(args, kwargs)
+            ops, values = parse(args, kwargs, inplace=True)
             return E.run(op, ops, values, out=args[0])
 
         forward_.checks_devices = True
 
         @E.fusible_inplace(*inplace)  # the same choice as `forward_`
         def plan_(*args, **kwargs):
-            ops, values = parse(args, kwargs)
+            ops, values = parse(args, kwargs, inplace=True)
             return op, ops, values
 
     return op
 
 
 # -- binary arithmetic -------------------------------------------------------------------
+def _is_bool(x) -> bool:
+    return x.dtype == torch.bool if isinstance(x, torch.Tensor) else isinstance(x, bool)
+
+
+def _no_bool_sub(x, y):
+    if _is_bool(x) and _is_bool(y):
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                           "supported. Use the `^` or `logical_xor()` operator instead.")
+    if _is_bool(x) or _is_bool(y):
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                           "If you are trying to invert a mask, use the `~` or `logical_not()` "
+                           "operator instead.")
+
+
+def _no_bool_neg(x):
+    if _is_bool(x):
+        raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If "
+                           "you are trying to invert a mask, use the `~` or `logical_not()` "
+                           "operator instead.")
+
+
+def _no_negative_int_power(x, y):
+    if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and \
+            type(y) is int and y < 0:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+
+
+def _integral_only(name):
+    def check(*operands):
+        dtype = E.result_type(*operands)
+        if dtype.is_floating_point:
+            raise NotImplementedError(f"\"{name}_cpu\" not implemented for "
+                                      f"'{T.dtype_name(dtype)}'")
+    return check
+
+
 define("add", lambda x, y, a: x + a * y, [aten.add.Tensor, aten.add.Scalar],
        [aten.add_.Tensor, aten.add_.Scalar], params=[("alpha", 1)], plain=lambda x, y: x + y)
 define("sub", lambda x, y, a: x - a * y, [aten.sub.Tensor, aten.sub.Scalar],
-       [aten.sub_.Tensor, aten.sub_.Scalar], params=[("alpha", 1)], plain=lambda x, y: x - y)
+       [aten.sub_.Tensor, aten.sub_.Scalar], params=[("alpha", 1)], plain=lambda x, y: x - y,
+       check=_no_bool_sub)
 define("rsub", lambda x, y, a: y - a * x, [aten.rsub.Tensor, aten.rsub.Scalar],
-       params=[("alpha", 1)])
+       params=[("alpha", 1)], check=_no_bool_sub)
 define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar],
        [aten.mul_.Tensor, aten.mul_.Scalar])
 define("div", lambda x, y: x / y, [aten.div.Tensor, aten.div.Scalar],
@@ -234,7 +281,7 @@ def _pow(x, y):
 
 
 define("pow", _pow.py_func, [aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar],
-       [aten.pow_.Tensor, aten.pow_.Scalar], engine="scalar")
+       [aten.pow_.Tensor, aten.pow_.Scalar], engine="scalar", check=_no_negative_int_power)
 
 
 @njit
@@ -277,11 +324,11 @@ define("logical_xor", lambda x, y: (x != 0) != (y != 0), [aten.logical_xor.defau
 define("logical_not", lambda x: x == 0, [aten.logical_not.default], operands=1,
        kind="always_bool")
 define("bitwise_and", lambda x, y: x & y, [aten.bitwise_and.Tensor, aten.bitwise_and.Scalar],
-       [aten.bitwise_and_.Tensor, aten.bitwise_and_.Scalar])
+       [aten.bitwise_and_.Tensor, aten.bitwise_and_.Scalar], check=_integral_only("bitwise_and"))
 define("bitwise_or", lambda x, y: x | y, [aten.bitwise_or.Tensor, aten.bitwise_or.Scalar],
-       [aten.bitwise_or_.Tensor, aten.bitwise_or_.Scalar])
+       [aten.bitwise_or_.Tensor, aten.bitwise_or_.Scalar], check=_integral_only("bitwise_or"))
 define("bitwise_xor", lambda x, y: x ^ y, [aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar],
-       [aten.bitwise_xor_.Tensor, aten.bitwise_xor_.Scalar])
+       [aten.bitwise_xor_.Tensor, aten.bitwise_xor_.Scalar], check=_integral_only("bitwise_xor"))
 
 
 _BITWISE_NOT = E.Elementwise("bitwise_not", njit(lambda x: ~x))
@@ -299,17 +346,14 @@ def bitwise_not_(x):
 define("isnan", lambda x: x != x, [aten.isnan.default], operands=1, kind="always_bool")
 
 # -- unary arithmetic --------------------------------------------------------------------
-define("neg", lambda x: -x, [aten.neg.default], [aten.neg_.default], operands=1)
+define("neg", lambda x: -x, [aten.neg.default], [aten.neg_.default], operands=1,
+       check=_no_bool_neg)
 define("abs", lambda x: abs(x), [aten.abs.default], [aten.abs_.default], operands=1)
 
 
 @njit
-def _sign(x):
-    if x > 0:
-        return x - x + 1
-    if x < 0:
-        return x - x - 1
-    return x - x if x == x else x
+def _sign(x):  # as the CPU: (0 < x) - (x < 0), so +-inf give +-1 and NaN and -0.0 give 0
+    return 1 if x > 0 else (-1 if x < 0 else 0)
 
 
 define("sign", _sign.py_func, [aten.sign.default, aten.sgn.default],

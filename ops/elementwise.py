@@ -248,6 +248,12 @@ def _plan_contiguous(op, operands):
     return kernel, dtype, numerics.SCALAR_CAST[compute]
 
 
+def check_castable(result_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    if not torch.can_cast(result_dtype, out_dtype):
+        raise RuntimeError(f"result type {T.dtype_name(result_dtype)} can't be cast to the "
+                           f"desired output type {T.dtype_name(out_dtype)}")
+
+
 def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -> NeuronTensor:
     """Compute `op` elementwise and return the result (written into `out` if given).
 
@@ -267,9 +273,7 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
     if out is None:
         out = T.empty(shape, result_dtype)
     else:
-        if not torch.can_cast(result_dtype, out.dtype):
-            raise RuntimeError(f"result type {T.dtype_name(result_dtype)} can't be cast to the "
-                               f"desired output type {T.dtype_name(out.dtype)}")
+        check_castable(result_dtype, out.dtype)
         if tuple(out.shape) != shape and arrays:
             if broadcast_shape([out.shape, shape]) != tuple(out.shape):
                 raise RuntimeError(f"output with shape {list(out.shape)} doesn't match the "

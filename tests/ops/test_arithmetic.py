@@ -256,3 +256,23 @@ def test_renorm(dtype):
         with pytest.raises(RuntimeError) as ours:
             torch.renorm(x.to("neuron"), p, 0, maxnorm)
         assert str(ours.value) == str(cpu.value)
+
+
+def test_sign_of_special_values():
+    check_op(torch.sign, torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0, 0.0,
+                                       2.5, -1e-40]))
+    check_op(torch.sign, torch.tensor([5, -3, 0]))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a, b: a.bool() - b.bool(), lambda a, b: -a.bool(), lambda a, b: a.bool().sub(1),
+    lambda a, b: 1 - a.bool(), lambda a, b: a.long() ** -1, lambda a, b: a.long() ^ 2.5,
+    lambda a, b: a.long().bitwise_and(1.5), lambda a, b: a.long().bitwise_or_(b),
+])
+def test_refused_like_the_cpu(fn):
+    a, b = torch.tensor([1.0, 0.0, 3.0]), torch.tensor([0.5, 1.0, 2.0])
+    with pytest.raises(Exception) as cpu:
+        fn(a, b)
+    with pytest.raises(type(cpu.value)) as ours:
+        fn(a.to("neuron"), b.to("neuron"))
+    assert str(ours.value) == str(cpu.value)
