@@ -19,6 +19,7 @@ from neuron_eager.ops import (  # noqa: F401
     masking,
     matmul,
     norm,
+    optim,
     pooling,
     products,
     random,
