@@ -124,6 +124,55 @@ def install_pinned_memory_shim() -> None:
     _pin_lib.impl("is_pinned", lambda self, device=None: False, "CPU")
 
 
+# Note [Parameters keep their identity]
+# On CPU and CUDA, Module.to / .half() keep each Parameter object and give it the converted
+# data (`param.data = ...`), so an optimizer made before `model.to(device)` still holds the
+# model's parameters, and a parameter shared by two modules (an embedding tied to the output
+# layer) stays one. torch does that only for tensors with "compatible shallow-copy types",
+# which a Python tensor subclass and a CPU tensor never are: each module got a new Parameter,
+# untying tied weights and leaving such an optimizer on stale CPU tensors. So after
+# Module._apply, each replaced Parameter takes its converted data back into the old object
+# (torch.utils.swap_tensors, as torch does for traceable tensor subclasses); where a swap is
+# refused (something else holds the old tensor: a saved autograd graph, weak references), the
+# new objects stay but tied ones are made one again. Conversions that kept the objects have
+# nothing to do.
+_plain_apply = None
+
+
+def _keep_identity(old: torch.nn.Parameter, new: torch.nn.Parameter) -> torch.nn.Parameter:
+    """`old` holding `new`'s data if torch lets the two swap, else `new`."""
+    try:
+        torch.utils.swap_tensors(old, new)
+    except RuntimeError:
+        return new
+    return old
+
+
+def install_tied_parameters_shim() -> None:
+    global _plain_apply
+    if _plain_apply is not None:
+        return
+    _plain_apply = torch.nn.Module._apply
+
+    def _apply(self, fn, recurse=True):
+        if not recurse:
+            return _plain_apply(self, fn, recurse)
+        before = [(m, name, p) for m in self.modules() for name, p in m._parameters.items()
+                  if p is not None]
+        out = _plain_apply(self, fn, recurse)
+        kept: dict = {}  # id(old parameter) -> the object every module now uses
+        for m, name, p in before:
+            now = m._parameters.get(name)
+            if now is None or now is p:
+                continue
+            if id(p) not in kept:
+                kept[id(p)] = _keep_identity(p, now)
+            m._parameters[name] = kept[id(p)]
+        return out
+
+    torch.nn.Module._apply = _apply
+
+
 def torch_lapack_library():
     """torch's own LAPACK (MKL, linked into libtorch_cpu) as a ctypes library, when it exports
     the Fortran symbols the linear-algebra kernels call; None otherwise. The kernels call it

@@ -197,20 +197,6 @@ class NeuronTensor(torch.Tensor):
             return self.item().__format__(format_spec)
         return object.__format__(self, format_spec)
 
-    # Note [Parameters keep their identity]
-    # Module.to / .half() give a parameter its converted copy in place (torch.utils.
-    # swap_tensors) only for tensor subclasses that follow the traceable-wrapper protocol;
-    # others get a new Parameter per module, which unties tied weights (an embedding shared
-    # with the output layer became two parameters). So NeuronTensor declares the protocol. It
-    # holds no inner tensors (its memory is the simulated HBM), and torch.compile, the one
-    # user of unflattening, does not support neuron tensors.
-    def __tensor_flatten__(self):
-        return [], None
-
-    @staticmethod
-    def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
-        raise NotImplementedError("torch.compile does not support neuron tensors yet")
-
     def __deepcopy__(self, memo):
         if id(self) in memo:
             return memo[id(self)]

@@ -1,4 +1,4 @@
-"""Weight tying survives Module.to (Note [Parameters keep their identity])."""
+"""Weight tying survives Module.to (Note [Parameters keep their identity] in ops/_compat.py)."""
 import torch
 
 import neuron_eager  # noqa: F401
@@ -20,7 +20,7 @@ def _train(device, steps=3):
     model = TiedLM()
     original = model.emb.weight
     model.to(device)
-    assert model.head.weight is model.emb.weight is original
+    assert model.head.weight is model.emb.weight is original  # kept, as on CUDA
     assert len(list(model.parameters())) == 3  # the tied weight once
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     tokens = torch.randint(0, 11, (4, 5)).to(device)
@@ -50,3 +50,28 @@ def test_dtype_changes_keep_the_tie():
     assert model.emb.weight.dtype == torch.bfloat16 and model.emb.weight.device.type == "neuron"
     model.float()
     assert model.head.weight is model.emb.weight and model.emb.weight.dtype == torch.float32
+
+
+def test_back_to_the_cpu_keeps_the_tie_and_held_tensors_do_not_block_moves():
+    model = TiedLM()
+    out = model.head(model.emb(torch.tensor([1, 2])))  # a graph holding the CPU weights
+    model.to(N)
+    model.cpu()
+    assert model.head.weight is model.emb.weight and model.emb.weight.device.type == "cpu"
+    lstm = torch.nn.LSTM(4, 3)  # keeps weak references to its weights
+    lstm.to(N)
+    assert all(p.device.type == "neuron" for p in lstm.parameters())
+    out.sum().backward()  # the CPU graph still works
+
+
+def test_an_optimizer_made_before_the_move_trains_the_moved_model():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    weight = model.weight
+    model.to(N)
+    assert model.weight is weight and weight.device.type == "neuron"
+    before = model.weight.detach().cpu().clone()
+    model(torch.randn(3, 4, device=N)).sum().backward()
+    opt.step()
+    assert not torch.equal(model.weight.detach().cpu(), before)

@@ -46,6 +46,10 @@ def test_packed_sequences_through_a_bidirectional_lstm(batch_first, seed):
     x = torch.randn(3, 6, 5) if batch_first else torch.randn(6, 3, 5)
     lengths = torch.tensor([2, 6, 4])  # unsorted: pack_padded_sequence sorts them
     lstm = torch.nn.LSTM(5, 7, batch_first=batch_first, bidirectional=True)
+    layers = {"cpu": lstm, "neuron": torch.nn.LSTM(5, 7, batch_first=batch_first,
+                                                   bidirectional=True)}
+    layers["neuron"].load_state_dict(lstm.state_dict())
+    layers["neuron"].to(NEURON)
 
     def run(inp, module):
         packed = pack_padded_sequence(inp, lengths, batch_first=batch_first,
@@ -56,7 +60,7 @@ def test_packed_sequences_through_a_bidirectional_lstm(batch_first, seed):
         return packed.data, padded
 
     sizes = {}
-    check_op(lambda inp: run(inp, lstm.to(inp.device)), x.requires_grad_(), grad=True,
+    check_op(lambda inp: run(inp, layers[inp.device.type]), x.requires_grad_(), grad=True,
              rtol=1e-5, atol=1e-6)
     for ours, cpu in zip(sizes["neuron"], sizes["cpu"]):
         assert ours.device.type == "cpu" and torch.equal(ours, cpu)
