@@ -337,6 +337,22 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return out
 
 
+@register(aten.embedding_renorm_.default)
+def embedding_renorm_(weight, indices, max_norm, norm_type):
+    """nn.Embedding(max_norm=...): each row looked up whose norm exceeds max_norm is scaled
+    by max_norm / (norm + 1e-7), in place (rows counted once)."""
+    if weight.dim() != 2:
+        raise RuntimeError("embedding_renorm_: weight must be 2-D")
+    rows = aten._unique2.default(aten.reshape.default(as_long(indices), [-1]))[0]
+    picked = aten.index_select.default(weight, 0, rows)
+    norms = aten.linalg_vector_norm.default(picked, norm_type, [1], True)
+    scale = aten.where.ScalarOther(aten.gt.Scalar(norms, max_norm),
+                                   aten.reciprocal.default(aten.div.Tensor(
+                                       aten.add.Scalar(norms, 1e-7), max_norm)), 1.0)
+    aten.index_copy_.default(weight, 0, rows, aten.mul.Tensor(picked, scale))
+    return weight
+
+
 @register(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     index = contiguous(as_long(indices))

@@ -508,3 +508,16 @@ def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save
                         save_var, update, eps, output_mask, reserve):
     return native_batch_norm_backward(grad_out, input, weight, running_mean, running_var,
                                       save_mean, save_var, update, eps, output_mask)
+
+
+@register(aten._weight_norm_interface_backward.default)
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """w = g v / |v| (norms over every dim but `dim`): grad_g = sum(grad_w v) / |v|,
+    grad_v = (g / |v|) (grad_w - v grad_g / |v|)."""
+    dims = [d for d in range(saved_v.dim()) if d != dim % saved_v.dim()]
+    sums = aten.sum.dim_IntList(aten.mul.Tensor(grad_w, saved_v), dims, True)
+    grad_g = aten.div.Tensor(sums, saved_norms)
+    inner = aten.sub.Tensor(grad_w, aten.mul.Tensor(saved_v, aten.div.Tensor(grad_g,
+                                                                              saved_norms)))
+    grad_v = aten.mul.Tensor(aten.div.Tensor(saved_g, saved_norms), inner)
+    return grad_v, aten.reshape.default(grad_g, list(saved_g.shape))

@@ -408,3 +408,14 @@ def test_linspace_logspace_tensor_bounds(dtype):
     check_op(lambda s: torch.logspace(-1.5, 2.7, 7, dtype=dtype, device=s.device), start)
     check_op(lambda s: torch.logspace(2, 2.7, 1, dtype=dtype, device=s.device), start)
     check_error(lambda s: torch.logspace(s, 3, 4, device=s.device), torch.ones(1))
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0])
+def test_embedding_max_norm_renormalises_looked_up_rows(norm_type, seed):
+    def run(weight, idx):
+        emb = torch.nn.Embedding.from_pretrained(weight.detach().clone(), freeze=False,
+                                                 max_norm=1.0, norm_type=norm_type)
+        out = emb(idx)
+        return out, emb.weight.detach().clone()  # rows looked up are scaled in place
+
+    check_op(run, torch.randn(10, 4) * 3, torch.tensor([[1, 2, 1], [3, 9, 2]]))

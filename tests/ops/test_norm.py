@@ -242,3 +242,15 @@ def test_batch_norm_errors_match_cpu():
         aten.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
         F.batch_norm(torch.randn(1, 3).to(NEURON), None, None, training=True)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_weight_norm_gradients(dim, seed):
+    def run(v, g, x):
+        w = torch._weight_norm(v, g, dim)
+        return (x @ w.t()).pow(2).sum()
+
+    g_shape = {0: (3, 1), 1: (1, 5), -1: (1, 5)}[dim]
+    check_op(run, torch.randn(3, 5, requires_grad=True),
+             torch.rand(g_shape, requires_grad=True) + 0.5, torch.randn(4, 5), grad=True,
+             rtol=1e-5, atol=1e-5)
