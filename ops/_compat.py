@@ -134,8 +134,8 @@ def install_pinned_memory_shim() -> None:
 # Module._apply, each replaced Parameter takes its converted data back into the old object
 # (torch.utils.swap_tensors, as torch does for traceable tensor subclasses); where a swap is
 # refused (something else holds the old tensor: a saved autograd graph, weak references), the
-# new objects stay but tied ones are made one again. Conversions that kept the objects have
-# nothing to do.
+# new objects stay but tied ones are made one again. Conversions that kept the objects, or
+# that involve no neuron tensor (`.to("meta")`), are left as torch does them.
 _plain_apply = None
 
 
@@ -163,8 +163,8 @@ def install_tied_parameters_shim() -> None:
         kept: dict = {}  # id(old parameter) -> the object every module now uses
         for m, name, p in before:
             now = m._parameters.get(name)
-            if now is None or now is p:
-                continue
+            if now is None or now is p or BACKEND not in (p.device.type, now.device.type):
+                continue  # kept, or another device's conversion: torch's own behaviour
             if id(p) not in kept:
                 kept[id(p)] = _keep_identity(p, now)
             m._parameters[name] = kept[id(p)]

@@ -75,3 +75,10 @@ def test_an_optimizer_made_before_the_move_trains_the_moved_model():
     model(torch.randn(3, 4, device=N)).sum().backward()
     opt.step()
     assert not torch.equal(model.weight.detach().cpu(), before)
+
+
+def test_other_devices_conversions_are_left_to_torch():
+    model = TiedLM()
+    weight = model.emb.weight
+    model.to("meta")  # torch gives new Parameters here; nothing neuron is involved
+    assert model.emb.weight is not weight and weight.device.type == "cpu"
