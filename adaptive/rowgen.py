@@ -56,19 +56,30 @@ def source(spec) -> tuple[str, dict]:
               for j, node in enumerate(nodes) if node[0] == "red"]
     lines.append("    for r in range(rows):")
 
+    # fp16 element values held as their fp32 values (Note [fp16 values stay fp32] in codegen)
+    held = {j for j, node in enumerate(nodes) if node[0] != "red" and node[4] == "f16"}
+
     def local(ref, lane):
         """The local holding node ref's value: one per lane for full values."""
         return f"v{ref}{lane}" if nodes[ref][0] == "full" else f"v{ref}"
 
+    def stored(j, lane=""):
+        """Node j's local as its output array stores it."""
+        if j in held:
+            recipes[f"e{j}"] = ("storer", "f16")
+            return f"e{j}({local(j, lane)})"
+        return local(j, lane)
+
     def value(j, pad, col, lane=""):
         role, op, operands, compute, out_code = nodes[j]
-        recipes[f"st{j}"] = ("storer", out_code)
+        recipes[f"st{j}"] = ("rounder", "f16") if j in held else ("storer", out_code)
         args = []
         for i, (kind, ref, *code) in enumerate(operands):
             if kind == "s":
                 args.append(f"s{ref}")
                 continue
-            recipes[f"l{j}_{i}"] = ("loader", code[0], compute)
+            load = "f32" if kind == "v" and ref in held else code[0]
+            recipes[f"l{j}_{i}"] = ("loader", load, compute)
             if kind == "v":
                 arg = local(ref, lane)
             else:
@@ -93,13 +104,14 @@ def source(spec) -> tuple[str, dict]:
                         needed.add(ref)
         work.append((p, reds, here, needed, reused))
     kept = set().union(*(reused for *_, reused in work))
-    lines[2:2] = [f"    keep{j} = np.empty(cols, {_np_type(nodes[j][4])})" for j in sorted(kept)]
+    lines[2:2] = [f"    keep{j} = np.empty(cols, "
+                  f"{'np.float32' if j in held else _np_type(nodes[j][4])})" for j in sorted(kept)]
     for p, reds, here, needed, reused in work:
         for j, node in enumerate(nodes):
             if node[0] == "row" and avail[j] == p:
                 lines.append(value(j, " " * 8, "0"))
                 if j in store_of:
-                    lines.append(f"        o{store_of[j]}[r, 0] = v{j}")
+                    lines.append(f"        o{store_of[j]}[r, 0] = {stored(j)}")
         if not reds and not here:
             continue
         # transcendentals are worth vectorizing: their reductions go through a row buffer
@@ -116,10 +128,10 @@ def source(spec) -> tuple[str, dict]:
                 if j in kept and passes[j] == p:
                     out.append(f"{pad}keep{j}[{col}] = v{j}{lane}")
                 if j in store_of and passes[j] == p:
-                    out.append(f"{pad}o{store_of[j]}[r, {col}] = v{j}{lane}")
+                    out.append(f"{pad}o{store_of[j]}[r, {col}] = {stored(j, lane)}")
             for j in reds:
                 out.append(_red_step(j, nodes[j], recipes, j not in streamed, local, pad, col,
-                                     lane))
+                                     lane, held))
             return out
 
         if not streamed:
@@ -147,14 +159,15 @@ def _np_type(out_code: str) -> str:
     return "np.bool_" if dtype == torch.bool else f"np.{T.STORAGE_DTYPE[dtype].name}"
 
 
-def _red_step(j, node, recipes, buffered: bool, local, pad: str, col: str, lane: str) -> str:
+def _red_step(j, node, recipes, buffered: bool, local, pad: str, col: str, lane: str,
+              held: set) -> str:
     """Inside a column loop. Buffered: the value goes to the row buffer (no carried
     dependency: LLVM vectorizes the loop; the ordered reduction runs after). Streamed (sums
     in plain-arithmetic passes): added to its block's partial sum (Note [Blocks side by
     side])."""
     _, name, operands, compute, _ = node
     kind, ref, code = operands[0]
-    recipes[f"l{j}_0"] = ("loader", code, compute)
+    recipes[f"l{j}_0"] = ("loader", "f32" if kind == "v" and ref in held else code, compute)
     arg = local(ref, lane) if kind == "v" else f"a{ref}[r, {col}]"
     if buffered:
         return f"{pad}buf{j}[{col}] = l{j}_0({arg})"

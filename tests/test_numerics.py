@@ -4,7 +4,10 @@ import pytest
 import torch
 
 import neuron_eager
+from numba import njit
+
 from neuron_eager import numerics_report
+from neuron_eager.ops import numerics
 from neuron_eager.device_sim import config
 
 
@@ -154,3 +157,35 @@ def test_auto_cast_matmult_rounds_convolution_operands(auto_cast, seed):
     want = conv(x.bfloat16().float().to("neuron"), w.bfloat16().float().to("neuron")).cpu()
     auto_cast.auto_cast = "matmult"
     assert torch.equal(conv(x.to("neuron"), w.to("neuron")).cpu(), want)
+
+
+@njit
+def _fp16_codecs(halves, widened, x, enc, rounded):
+    for i in range(halves.shape[0]):
+        widened[i] = numerics.f16_to_f32(halves[i])
+    for i in range(x.shape[0]):
+        enc[i] = numerics.f32_to_f16(x[i])
+        rounded[i] = numerics.round_to_f16(x[i])
+
+
+def test_fp16_conversions_against_torch_and_each_other():
+    # Note [Cheap fp16 conversions]: every half, fp32 patterns around each half's rounding
+    # boundaries (subnormals, normals, overflow, NaN payloads) and random patterns
+    halves = np.arange(65536, dtype=np.uint16)
+    reference = torch.from_numpy(halves.view(np.int16)).view(torch.float16).float().numpy()
+    base = reference.view(np.uint32).astype(np.int64)
+    near = (base[:, None] + np.arange(-4100, 4101, 37)[None, :]).reshape(-1)
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([near[(near >= 0) & (near < 2 ** 32)],
+                           rng.integers(0, 2 ** 32, 200_000)]).astype(np.uint32)
+    x = bits.view(np.float32)
+    widened = np.empty(65536, np.float32)
+    enc, rounded = np.empty(x.shape[0], np.uint16), np.empty(x.shape[0], np.float32)
+    _fp16_codecs(halves, widened, x, enc, rounded)
+    assert np.array_equal(widened.view(np.uint32), reference.view(np.uint32))
+    expected = torch.from_numpy(x).to(torch.float16).view(torch.int16).numpy().view(np.uint16)
+    finite = ~np.isnan(x)  # torch keeps NaN payloads; ours is the canonical quiet NaN
+    assert np.array_equal(enc[finite], expected[finite])
+    assert ((enc[~finite] & 0x7FFF) == 0x7E00).all()
+    back = torch.from_numpy(enc.view(np.int16)).view(torch.float16).float().numpy()
+    assert np.array_equal(rounded.view(np.uint32), back.view(np.uint32))

@@ -368,3 +368,22 @@ def test_module_dtype_change_after_a_recorded_read(convert):
         return w, b, m.weight * 1, m.bias.float()
 
     both_modes(program)
+
+
+# -- fp16 values held as fp32 inside fused kernels (Note [fp16 values stay fp32]) -----------
+@pytest.mark.parametrize("cols", [7, 1100])
+def test_fp16_chains_rows_and_keep_buffers_with_special_values(cols):
+    x = rand(3, cols, dtype=torch.float16, seed=4)
+    specials = torch.tensor([6e-8, -3e-6, 65504.0, -70000.0, float("nan"), float("inf"), 0.0,
+                             -0.0, 1e-4, 2.0 ** -14], dtype=torch.float16)
+    x[0, :min(cols, 10)] = specials[:min(cols, 10)].to(N)
+
+    def program():
+        y = x * 1.7 + 0.25  # fp16 intermediates, also stored
+        e = torch.exp(y - y.amax(-1, keepdim=True))  # a kept transcendental
+        soft = e / e.sum(-1, keepdim=True)
+        tiny = y * 1e-4 - 3e-5  # subnormal halves
+        big = y * 1000.0  # overflow to inf
+        return y, soft, tiny, big, tiny.sum(-1), (big - y).mean(-1)
+
+    both_modes(program)
