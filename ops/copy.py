@@ -35,8 +35,8 @@ _int64_warned = False
 
 
 def warn_int64_range(*values) -> None:
-    """Warn once when int64 values outside int32's range reach the device: they are stored
-    exactly, but ops compute int64 as int32 (TorchNeuron's policy) and wrap them."""
+    """Warn once when int64 values outside int32's range reach the device: host copies keep
+    them, but ops compute int64 as int32 (TorchNeuron's policy) and wrap them."""
     global _int64_warned
     if _int64_warned:
         return
@@ -47,9 +47,10 @@ def warn_int64_range(*values) -> None:
             out = isinstance(v, int) and not _INT32_MIN <= v <= _INT32_MAX
         if out:
             _int64_warned = True
-            warn_at_user_line("int64 values outside the int32 range reached neuron: they are "
-                              "stored as int64, but ops compute int64 as int32, as on Trainium "
-                              "(TorchNeuron's policy), so arithmetic on them wraps.")
+            warn_at_user_line("int64 values outside the int32 range reached neuron: ops "
+                              "compute int64 as int32, as on Trainium (TorchNeuron's policy), "
+                              "so arithmetic on them and conversions to int64 wrap (copies "
+                              "from the host keep them).")
             return
 
 
@@ -120,6 +121,8 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     dtype = dtype or x.dtype
     T.check_dtype(dtype)
     warn_float64(dtype)
+    if dtype == torch.int64 and x.dtype.is_floating_point and not _int64_warned:
+        warn_int64_range(np.asarray(x._nd, np.float64))  # .long() of values past int32
     out = T.empty(x.shape, dtype)
     return E.copy_into(out, x)
 
