@@ -139,11 +139,22 @@ def install_pinned_memory_shim() -> None:
 _plain_apply = None
 
 
-def _keep_identity(old: torch.nn.Parameter, new: torch.nn.Parameter) -> torch.nn.Parameter:
-    """`old` holding `new`'s data if torch lets the two swap, else `new`."""
+_identity_warned = False
+
+
+def _keep_identity(old: torch.nn.Parameter, new: torch.nn.Parameter, where: str):
+    """`old` holding `new`'s data if torch lets the two swap, else `new` (said once: an
+    optimizer made before the conversion would go on updating `old`)."""
+    global _identity_warned
     try:
         torch.utils.swap_tensors(old, new)
-    except RuntimeError:
+    except RuntimeError as e:
+        if not _identity_warned:
+            _identity_warned = True
+            from neuron_eager.ops.sourceline import warn_at_user_line
+
+            warn_at_user_line(f"Module.to(): {where} is held elsewhere ({e}), so it is a new "
+                              f"Parameter now; build optimizers after moving the model")
         return new
     return old
 
@@ -166,7 +177,7 @@ def install_tied_parameters_shim() -> None:
             if now is None or now is p or BACKEND not in (p.device.type, now.device.type):
                 continue  # kept, or another device's conversion: torch's own behaviour
             if id(p) not in kept:
-                kept[id(p)] = _keep_identity(p, now)
+                kept[id(p)] = _keep_identity(p, now, f"{type(m).__name__}.{name}")
             m._parameters[name] = kept[id(p)]
         return out
 

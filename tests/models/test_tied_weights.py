@@ -1,7 +1,8 @@
 """Weight tying survives Module.to (Note [Parameters keep their identity] in ops/_compat.py)."""
+import pytest
 import torch
 
-import neuron_eager  # noqa: F401
+import neuron_eager
 
 N = torch.device("neuron")
 
@@ -82,3 +83,13 @@ def test_other_devices_conversions_are_left_to_torch():
     weight = model.emb.weight
     model.to("meta")  # torch gives new Parameters here; nothing neuron is involved
     assert model.emb.weight is not weight and weight.device.type == "cpu"
+
+
+def test_a_parameter_held_by_a_saved_graph_moves_with_a_warning():
+    lstm = torch.nn.LSTM(4, 3)
+    out, _ = lstm(torch.randn(2, 1, 4))  # the graph holds the CPU weights
+    neuron_eager.ops._compat._identity_warned = False
+    with pytest.warns(UserWarning, match="build optimizers after moving the model"):
+        lstm.to(N)
+    assert all(p.device.type == "neuron" for p in lstm.parameters())
+    out.sum().backward()  # the CPU graph still works on the old tensors
