@@ -192,6 +192,13 @@ class NeuronTensor(torch.Tensor):
     def tolist(self):
         return to_cpu(self).tolist()
 
+    def data_ptr(self):
+        """The simulated HBM address of the first element (0 for no memory), so code that
+        compares pointers to detect aliasing sees what aliases (torch's own answer is 0 for
+        every tensor of a Python device)."""
+        block = self._storage.block
+        return 0 if block is None else block.address + self.storage_offset() * self.itemsize
+
     def __format__(self, format_spec):
         if self.dim() == 0:
             return self.item().__format__(format_spec)

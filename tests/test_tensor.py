@@ -300,3 +300,12 @@ def test_views_inside_inference_mode_are_what_the_cpu_gives():
             fresh = torch.ones(3, device=device)
             assert fresh.is_inference() and fresh[1:].is_inference()
             assert w[1:3].sum().item() == 60.0
+
+
+def test_data_ptr_tells_aliases_apart_as_on_the_cpu():
+    for device in ("cpu", "neuron"):
+        a, b = torch.ones(6, device=device), torch.ones(6, device=device)
+        v = a.view(2, 3)[1, 1:]
+        assert a.data_ptr() != b.data_ptr() and a.data_ptr() != 0
+        assert v.data_ptr() - a.data_ptr() == 4 * a.element_size()
+        assert a.detach().data_ptr() == a.data_ptr()
