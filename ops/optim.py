@@ -31,8 +31,9 @@ def _unscaled(grads, grad_scale, maximize):
     return aten._foreach_neg.default(grads) if maximize else grads
 
 
-def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
-          beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled):
+def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1,
+          beta2, weight_decay, eps, amsgrad, maximize, decoupled, grad_scale=None,
+          found_inf=None):
     if not params or _skipped(found_inf):
         return
     lr = lr.item() if isinstance(lr, torch.Tensor) else lr
@@ -56,20 +57,16 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr
     aten._foreach_addcdiv_.ScalarList(params, exp_avgs, denom, step_sizes)
 
 
-@register(aten._fused_adam_.default, aten._fused_adam_.tensor_lr)
-def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr,
-                beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None,
-                found_inf=None):
-    _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-          weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled=False)
+def _adam_step(decoupled: bool):
+    def step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, **hyper):
+        _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+              decoupled=decoupled, **hyper)
+
+    return step
 
 
-@register(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)
-def fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr,
-                 beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None,
-                 found_inf=None):
-    _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-          weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled=True)
+register(aten._fused_adam_.default, aten._fused_adam_.tensor_lr)(_adam_step(False))
+register(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)(_adam_step(True))
 
 
 @register(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
