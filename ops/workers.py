@@ -46,12 +46,8 @@ def _wait(flag, value, spins):
 
 @njit(nogil=True)  # not cached: it calls a ctypes function
 def _finish_and_wait(done, seq, go, value, spins):
-    done[0] = seq
-    for _ in range(spins):
-        if go[0] >= value:
-            return True
-        _sched_yield()
-    return go[0] >= value
+    done[0] = seq  # inside the nogil call: the caller finds the GIL free
+    return _wait(go, value, spins)
 
 
 _FOREVER = 1 << 62
