@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from neuron_eager.ops import tensor as T
@@ -54,8 +55,8 @@ def amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_f
         tracker = int(growth_tracker.reshape(()).item()) + 1
         new = current
         if tracker == growth_interval:
-            grown = float(torch.tensor(current) * growth_factor)  # in fp32, as the kernel
+            grown = float(np.float32(current) * np.float32(growth_factor))  # fp32, as the kernel
             new, tracker = (grown if math.isfinite(grown) else current), 0
-    aten.fill_.Scalar(scale, float(torch.tensor(new, dtype=torch.float32)))
+    aten.fill_.Scalar(scale, new)  # rounded to the scale's fp32
     aten.fill_.Scalar(growth_tracker, tracker)
     return scale

@@ -121,8 +121,8 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     dtype = dtype or x.dtype
     T.check_dtype(dtype)
     warn_float64(dtype)
-    if dtype == torch.int64 and x.dtype.is_floating_point and not _int64_warned:
-        warn_int64_range(np.asarray(x._nd, np.float64))  # .long() of values past int32
+    if dtype == torch.int64 and x.dtype in (torch.float32, torch.float64) and not _int64_warned:
+        warn_int64_range(x._nd)  # .long() past int32 (bf16, stored as bits, is not checked)
     out = T.empty(x.shape, dtype)
     return E.copy_into(out, x)
 
