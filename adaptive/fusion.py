@@ -430,22 +430,28 @@ def _resolve(region, values, kind, ref):
 def _run_ops(region, values, g: Group) -> None:
     """The group's ops one by one, through the normal kernels."""
     for j in g.all_nodes():
-        node = region.nodes[j]
-        values["failed at"] = j  # which op an error comes from (run_region's message)
-        operands = [node.raw[ref] if kind == "s" else _resolve(region, values, kind, ref)
-                    for kind, ref in node.refs]
-        if node.op is plans.VIEW:  # the base's memory, seen through the recorded layout
-            values[j] = T.make(operands[0]._storage, node.shape, node.stride, node.offset,
-                               node.dtype)
-            continue
-        if node.runner is not None:
-            values[j] = node.runner(operands, node.params, node.dtype)
-        elif node.inplace:  # as the in-place kernel does: computed, then rounded into out
-            values[j] = E.run(node.op, operands, node.params, out=_output(region, node))
-        else:
-            values[j] = E.run(node.op, operands, node.params)
-        stats["unfused_ops"] += 1
-    values.pop("failed at", None)
+        try:
+            _run_op(region, values, j)
+        except Exception as e:
+            e.adaptive_node = j  # which op it came from, for run_region's message
+            raise
+
+
+def _run_op(region, values, j: int) -> None:
+    node = region.nodes[j]
+    operands = [node.raw[ref] if kind == "s" else _resolve(region, values, kind, ref)
+                for kind, ref in node.refs]
+    if node.op is plans.VIEW:  # the base's memory, seen through the recorded layout
+        values[j] = T.make(operands[0]._storage, node.shape, node.stride, node.offset,
+                           node.dtype)
+        return
+    if node.runner is not None:
+        values[j] = node.runner(operands, node.params, node.dtype)
+    elif node.inplace:  # as the in-place kernel does: computed, then rounded into out
+        values[j] = E.run(node.op, operands, node.params, out=_output(region, node))
+    else:
+        values[j] = E.run(node.op, operands, node.params)
+    stats["unfused_ops"] += 1
 
 
 def _output(region, node):
@@ -549,7 +555,7 @@ def run_region(region, reason: str) -> None:
                 _run_ops(region, values, g)
                 mode = f"op by op (sighting {plan.seen})" if g.spec is not None else "op by op"
         except Exception as e:
-            node = nodes[values.get("failed at", g.nodes[0])]  # a fused kernel: its first op
+            node = nodes[getattr(e, "adaptive_node", g.nodes[0])]  # fused: its first op
             error = RuntimeError(f"adaptive eager: running {node.op.name} recorded at "
                                  f"{node.where[0]}:{node.where[1]} failed: {e}")
             for later in nodes:
