@@ -82,7 +82,8 @@ def explain(last: int = 5) -> str:
     for reason, count, plan, modes, wheres in list(fusion.history)[-last:]:
         lines.append(f"region of {count} ops, flushed by {reason}:")
         for g, mode in zip(plan.groups, modes):
-            ops = " -> ".join(plan.names[j] for j in g.nodes)
+            ops = " | ".join(" -> ".join(plan.names[j] for j in member.nodes)
+                             for member in g.batch)  # (a batch: each member's loop in turn)
             at = ", ".join(f"{f}:{n}" for f, n in sorted({wheres[j] for j in g.all_nodes()}))
             elements = sum(prod(member.shape) for member in g.batch)
             lines.append(f"  {ops}  [{mode}, {elements} elements]  at {at}")

@@ -105,20 +105,6 @@ def source(spec) -> tuple[str, dict]:
 # values, and LLVM compiles a chain of such ops 2-3x faster than the bit round trips.
 
 
-def batch_source(key) -> tuple[str, dict]:
-    """Source and recipes of a batch kernel (Note [Batches] in fusion.py) for key ("batch",
-    k, spec): `kernel` takes k groups' arguments in turn and runs the group kernel
-    `segment` on each (one launch)."""
-    _, count, spec = key
-    src, recipes = source(spec)
-    n_args = spec[3] + spec[4] + spec[5]
-    params = [[f"x{s}_{k}" for k in range(n_args)] for s in range(count)]
-    lines = [f"def kernel({', '.join(name for group in params for name in group)}):"]
-    lines += [f"    segment({', '.join(group)})" for group in params]
-    segment = src.replace("def kernel(", "def segment(", 1)
-    return "\n".join(lines) + "\n\n\n@numba.njit(**JIT_OPTIONS)\n" + segment, recipes
-
-
 def kernel_for(spec, label: str, make_source=None):
     """(kernel, compiled_now) for `spec`, its source made by `make_source(spec) -> (src,
     recipes)` (default `source`; specs of different generators must differ); FAILED if it

@@ -40,11 +40,12 @@ class Group:
     each node a role: "full", "row" or "red" (adaptive/rowgen.py)."""
 
     __slots__ = ("nodes", "stored", "shape", "spec", "arrays", "scalars", "engine",
-                 "moved", "not_moved", "kernel", "full", "k", "roles", "fixed", "view",
-                 "batch")
+                 "moved", "not_moved", "kernel", "kernel_new", "full", "k", "roles", "fixed",
+                 "view", "batch", "elements", "moved_total", "not_moved_total")
 
     def __init__(self, j: int, shape: tuple):
         self.nodes, self.shape, self.spec, self.kernel = [j], shape, None, None
+        self.kernel_new = False
         self.full, self.k, self.roles, self.fixed, self.view = None, 0, {}, False, False
         self.batch = (self,)  # the groups one launch runs (Note [Batches])
 
@@ -232,28 +233,36 @@ def _plan(region, alive: list[bool]) -> Plan:
 
 # Note [Batches]
 # An optimizer step records the same chain once per parameter; parameters of one shape share
-# a group, and each other shape makes a group with the same kernel spec (shapes are kernel
-# arguments). Such groups run as one launch, as a multi-tensor kernel does on a device: the
-# batch kernel runs each group's loop in turn. A later group joins an earlier one only if it
-# may run at the earlier one's place: nothing between them computes a value it reads or
-# reads the old value of memory it writes. Large groups stay apart (they split across
-# threads on their own).
+# a group, and parameters of other shapes, or with other chains (no weight decay, a gradient
+# still being accumulated), make groups of their own. Small groups run as one launch, as a
+# multi-tensor kernel does on a device, so launches do not grow with the number of parameter
+# shapes. The simulator runs that launch by calling each member's cached loop in turn: one
+# Numba function holding all the loops cost LLVM twice the compile time (it optimizes the
+# inlined loops again), and separate loops are shared by every batch that has them. A later
+# group joins a batch only if it may run at the batch's place: nothing between them computes
+# a value it reads or reads the old value of memory it writes. Large groups stay apart (they
+# split across threads on their own).
 def _batch(region, groups: list) -> list:
     nodes = region.nodes
-    heads: dict = {}  # spec -> index in `kept` of the batch that groups may join
     kept: list = []
+    heads: list = []  # indices in `kept` of batches that later groups may join
     for g in groups:
-        spec = g.spec
-        if spec is None or spec[0] == "r" or prod(g.shape) >= E.SPLIT_MIN:
+        if g.spec is None or prod(g.shape) >= E.SPLIT_MIN:
             kept.append(g)
             continue
-        at = heads.get(spec)
-        if at is not None and _may_move(nodes, g, kept[at + 1:]):
-            head = kept[at]
-            head.batch = head.batch + (g,)
-            continue
-        heads[spec] = len(kept)
-        kept.append(g)
+        for at in reversed(heads):
+            if _may_move(nodes, g, kept[at + 1:]):
+                head = kept[at]
+                head.batch = head.batch + (g,)
+                break
+        else:
+            heads.append(len(kept))
+            kept.append(g)
+    for g in kept:  # what the launch reports, summed once here
+        if g.spec is not None:
+            g.elements = sum(prod(m.shape) for m in g.batch)
+            g.moved_total = sum(m.moved for m in g.batch)
+            g.not_moved_total = sum(m.not_moved for m in g.batch)
     return kept
 
 
@@ -466,50 +475,67 @@ def _output(region, node):
     return T.new_contiguous(node.shape, node.dtype)
 
 
-def _run_fused(region, values, g: Group) -> str | None:
-    """Launch the group's fused kernel; returns how ("hit", "compiled") or None if the
-    kernel failed to compile (the caller runs the ops instead)."""
-    nodes = region.nodes
+def _run_fused(region, values, g: Group) -> str:
+    """Launch the group's fused kernel (a batch: each member's loop, as one launch; Note
+    [Batches]); returns how it ran. A member whose kernel does not compile runs op by op."""
+    fused = compiled = 0
+    for member in g.batch:
+        try:
+            ran = _run_kernel(region, values, member, split=len(g.batch) == 1)
+        except Exception as e:
+            e.adaptive_node = member.nodes[0]  # the member's first op names it
+            raise
+        if ran:
+            fused += 1
+            compiled += member.kernel_new
+            member.kernel_new = False
+        else:
+            _run_ops(region, values, member)
+    if fused:
+        engine = "scalar" if any(m.engine == "scalar" for m in g.batch) else "vector"
+        core.launch(engine, g.elements, g.moved_total)
+        stats["hbm_bytes_not_moved"] += g.not_moved_total
+        stats["fused_kernels"] += 1
+    if not fused:
+        return "op by op (the kernel did not compile)"
+    how = "fused (compiled)" if compiled else "fused (cache hit)"
+    if len(g.batch) == 1:
+        return how
+    if fused < len(g.batch):
+        how += f", {len(g.batch) - fused} groups op by op"
+    return f"{how}, one launch for {fused} groups"
+
+
+def _run_kernel(region, values, g: Group, split: bool) -> bool:
+    """Run group g's fused kernel (compiled on first use; `split`: large loops run in slices
+    side by side); False, having run nothing, if it does not compile."""
     kernel = g.kernel
-    compiled = False
-    spec = g.spec if len(g.batch) == 1 else ("batch", len(g.batch), g.spec)
     if kernel is None:
-        label = "+".join(nodes[j].op.name for j in g.nodes)
-        if len(g.batch) > 1:
-            label = f"{len(g.batch)} x {label}"
-        make_source = rowgen.source if spec[0] == "r" else \
-            codegen.batch_source if spec[0] == "batch" else codegen.source
-        kernel, compiled = codegen.kernel_for(spec, label, make_source)
+        label = "+".join(region.nodes[j].op.name for j in g.nodes)
+        make_source = rowgen.source if g.spec[0] == "r" else codegen.source
+        kernel, g.kernel_new = codegen.kernel_for(g.spec, label, make_source)
         g.kernel = kernel
     if kernel is codegen.FAILED:
-        return None
-    args = []
-    for member in g.batch:
-        _arguments(region, values, member, args)
-    if compiled:
-        seconds = codegen.first_call(spec, kernel, args)
+        return False
+    args: list = []
+    _arguments(region, values, g, args)
+    if g.kernel_new:
+        seconds = codegen.first_call(g.spec, kernel, args)
         if seconds is None:
             g.kernel = codegen.FAILED
             stats["compile_failures"] += 1
-            return None
+            return False
         stats["compile_seconds"] += seconds
         stats["cache_misses"] += 1
+        return True
+    if split and g.spec[0] == "c" and args[0].shape[0] >= E.SPLIT_MIN:
+        workers.split_call(kernel, args[0], args[1:])
+    elif split and g.spec[0] == "r" and args[0].shape[0] > 1 and prod(g.shape) >= E.SPLIT_MIN:
+        workers.split_call(kernel, args[0], args[1:])  # slices of rows: each 2-D view splits
     else:
-        n = args[0].shape[0]
-        if g.spec[0] == "c" and n >= E.SPLIT_MIN:
-            workers.split_call(kernel, args[0], args[1:])
-        elif g.spec[0] == "r" and n > 1 and prod(g.shape) >= E.SPLIT_MIN:
-            workers.split_call(kernel, args[0], args[1:])  # slices of rows: each 2-D view splits
-        else:
-            kernel(*args)
-        stats["cache_hits"] += 1
-    batch = g.batch
-    engine = "scalar" if any(m.engine == "scalar" for m in batch) else "vector"
-    core.launch(engine, sum(prod(m.shape) for m in batch), sum(m.moved for m in batch))
-    stats["hbm_bytes_not_moved"] += sum(m.not_moved for m in batch)
-    stats["fused_kernels"] += 1
-    how = "fused (compiled)" if compiled else "fused (cache hit)"
-    return how if len(g.batch) == 1 else f"{how}, one launch for {len(g.batch)} groups"
+        kernel(*args)
+    stats["cache_hits"] += 1
+    return True
 
 
 def _arguments(region, values, g: Group, args: list) -> None:
@@ -547,11 +573,10 @@ def run_region(region, reason: str) -> None:
     values: dict = {}
     modes = []
     for g in plan.groups:
-        mode = None
         try:
             if fuse and g.spec is not None:
                 mode = _run_fused(region, values, g)
-            if mode is None:
+            else:
                 _run_ops(region, values, g)
                 mode = f"op by op (sighting {plan.seen})" if g.spec is not None else "op by op"
         except Exception as e:

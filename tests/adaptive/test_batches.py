@@ -1,5 +1,5 @@
-"""Batches: groups with the same kernel on tensors of different shapes run as one launch
-(fusion.py, Note [Batches]), with the bits of plain eager."""
+"""Batches: small groups (the same kernel on tensors of different shapes, or other kernels)
+run as one launch (fusion.py, Note [Batches]), with the bits of plain eager."""
 import pytest
 import torch
 
@@ -24,7 +24,8 @@ def tensors(seed: int, shapes=SHAPES) -> list[torch.Tensor]:
 
 
 def bits(ts) -> list[torch.Tensor]:
-    return [t.detach().cpu().view(torch.int32) for t in ts]
+    return [t.detach().cpu().view(torch.int16 if t.element_size() == 2 else torch.int32)
+            for t in ts]
 
 
 def adam_like(params, grads, moms, lr):
@@ -54,6 +55,37 @@ def test_one_launch_for_all_parameters_same_bits():
     assert launches[-1] == 1  # compiled by the second sighting: one batch kernel
     history = adaptive.explain(1)
     assert f"one launch for {len(SHAPES)} groups" in history
+
+
+def test_groups_of_different_kernels_share_one_launch():
+    """Parameters with and without weight decay, a bf16 one and a row group (a sum of
+    squares per row): four kinds of loop, one launch, the bits of plain eager."""
+    def step(params, grads, moms, rows, lr):
+        for k, (p, g, m) in enumerate(zip(params, grads, moms)):
+            if k % 2:
+                p.mul_(1 - lr * 0.01)  # weight decay on every other parameter
+            m.mul_(0.9).add_(g, alpha=0.1)
+            p.addcdiv_(m, (m * m).sqrt_().add_(1e-8), value=-lr)
+        return (rows * rows).sum(-1, keepdim=True)
+
+    def run(on):
+        params, grads = tensors(3), tensors(4)
+        params[2], grads[2] = params[2].bfloat16(), grads[2].bfloat16()
+        moms = [torch.zeros_like(p) for p in params]
+        rows = tensors(5, [(5, 6)])[0]
+        with adaptive.adaptive_eager(on):
+            for k in range(3):
+                before = core.kernels_launched
+                norms = step(params, grads, moms, rows, lr=0.01 * (k + 1))
+                torch.neuron.synchronize()
+                launches = core.kernels_launched - before
+        return bits(params + moms + [norms]), launches
+
+    expected, _ = run(False)
+    got, launches = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert launches == 1
+    assert "one launch for 5 groups" in adaptive.explain(1)
 
 
 def test_batchable_groups_around_other_groups_same_bits():
