@@ -560,7 +560,7 @@ def run_region(region, reason: str) -> None:
     """Compute a flushed region and give its live pending tensors their storage."""
     nodes = region.nodes
     alive = [node.alive() for node in nodes]
-    key = (tuple(node.key for node in nodes), tuple(region.descs), tuple(alive),
+    key = (tuple([node.key for node in nodes]), tuple(region.descs), tuple(alive),
            config.numerics_key)
     plan = _plans.get(key)
     if plan is None:
@@ -597,7 +597,7 @@ def run_region(region, reason: str) -> None:
     stats["kernels_launched"] += core.kernels_launched - launched
     stats["hbm_bytes_moved"] += core.hbm_bytes_moved - moved
     flush_reasons[reason] += 1
-    history.append((reason, len(nodes), plan, modes, [node.where for node in nodes]))
+    history.append((reason, len(nodes), plan, modes, nodes))  # explain() reads node.where
 
 
 def _give_storage(nodes, values, indices) -> None:

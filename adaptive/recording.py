@@ -154,7 +154,7 @@ def _stochastic_rounding_on() -> bool:
 
 def _record(plan, args, kwargs):
     """Record one fusible op; None when it should run eagerly instead."""
-    if _stochastic_rounding_on():
+    if config.stochastic_rounding and _stochastic_rounding_on():
         return None
     planned = plan(*args, **kwargs)  # the kernel's own checks, raised here
     if planned is None:
@@ -252,7 +252,7 @@ def _add_node(region, op, refs, params, raw, dtype, compute, shape, out, target=
     node.runner, node.target, node.inplace = None, target, inplace
     node.views, node.stride, node.offset = None, None, 0
     node.key = (op, refs, len(params), dtype, shape, compute, inplace, target)
-    node.where = user_frame(2)  # above the recorder and the dispatcher that called it
+    node.where = user_frame(4)  # above the recorder, dispatch and __torch_dispatch__
     out._node = node
     node.outs = [weakref.ref(out)]
     region.nodes.append(node)

@@ -42,7 +42,10 @@ def user_frame(skip: int = 0) -> tuple[str, int]:
     coming from "<autograd backward>". Adaptive eager asks for every recorded op, so each
     code object is classified once; `skip` internal frames above the caller are not looked at.
     """
-    frame = sys._getframe(1 + skip)
+    try:
+        frame = sys._getframe(1 + skip)
+    except ValueError:  # fewer frames than skipped: a thread that C++ started (autograd's)
+        return "<autograd backward>", 0
     while frame is not None:
         code = frame.f_code
         internal = _is_internal.get(code)
