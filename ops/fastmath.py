@@ -66,6 +66,23 @@ def exp_f32(x):  # Note [branch-free]
     return y if x < _EXP_MAX else big
 
 
+@njit(**JIT)
+def _exp_small(v):
+    """exp_f32(v) for 0 <= v <= 18.2 (tanh's range): the same steps without the
+    overflow, underflow and NaN cases, and 2**n in one scaling (exact either way)."""
+    n = np.floor(v * _LOG2E + f32(0.5))
+    r = (v - n * _LN2_HI) - n * _LN2_LO
+    c = _EXP_C
+    p = c[7] * r + c[6]
+    p = p * r + c[5]
+    p = p * r + c[4]
+    p = p * r + c[3]
+    p = p * r + c[2]
+    p = p * r + c[1]
+    p = p * r + c[0]
+    return p * _pow2(np.int32(n))
+
+
 # -- log: x = m 2^e, m in [sqrt(1/2), sqrt(2)), log(m) = 2 atanh(s) with s = (m-1)/(m+1) -------
 _SQRT2 = f32(math.sqrt(2))
 _LOG_C = tuple(f32(2 / (2 * k + 1)) for k in range(1, 5))  # 2/3, 2/5, 2/7, 2/9
@@ -116,7 +133,7 @@ def tanh_f32(x):
     c = _TANH_Q
     q = c[0] + z * (c[1] + z * (c[2] + z * (c[3] + z * (c[4] + z * c[5]))))
     small = x + x * z * q
-    e = exp_f32(f32(2) * min(a, f32(9.1)))
+    e = _exp_small(f32(2) * min(a, f32(9.1)))
     t = f32(1) - f32(2) / (e + f32(1))  # rounds to exactly 1 from |x| = 9.1 on
     large = t if x > 0 else -t
     r = small if a < f32(0.625) else large
