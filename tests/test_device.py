@@ -99,3 +99,17 @@ def test_torch_manual_seed_also_seeds_the_device():
     torch.manual_seed(5)
     assert torch.equal(torch.rand(8, device="neuron").cpu(), a)
     assert torch.neuron.initial_seed() == 5
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_recomputes_dropout_with_the_forward_mask(reentrant):
+    """torch.utils.checkpoint restores the device RNG for the recomputed forward (it asks
+    torch.neuron._initialized): the gradient of sum(dropout(x)) is the forward's mask."""
+    import torch.utils.checkpoint as checkpoint
+
+    x = torch.ones(64, device="neuron", requires_grad=True)
+    torch.manual_seed(3)
+    out = checkpoint.checkpoint(torch.nn.Dropout(0.5), x, use_reentrant=reentrant)
+    out.sum().backward()
+    assert 0 < int((out == 0).sum()) < 64
+    assert torch.equal(x.grad.cpu(), out.detach().cpu())
