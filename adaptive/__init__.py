@@ -79,12 +79,12 @@ def explain(last: int = 5) -> str:
     they were recorded at, how it ran (op by op, fused from the cache, compiled) and its
     elements."""
     lines = []
-    for reason, count, plan, modes, nodes in list(fusion.history)[-last:]:
+    for reason, count, plan, modes, wheres in list(fusion.history)[-last:]:
         lines.append(f"region of {count} ops, flushed by {reason}:")
         for g, mode in zip(plan.groups, modes):
             ops = " | ".join(" -> ".join(plan.names[j] for j in member.nodes)
                              for member in g.batch)  # (a batch: each member's loop in turn)
-            at = ", ".join(f"{f}:{n}" for f, n in sorted({nodes[j].where for j in g.all_nodes()}))
+            at = ", ".join(f"{f}:{n}" for f, n in sorted({wheres[j] for j in g.all_nodes()}))
             elements = sum(prod(member.shape) for member in g.batch)
             lines.append(f"  {ops}  [{mode}, {elements} elements]  at {at}")
     return "\n".join(lines) if lines else "no regions run yet"

@@ -597,7 +597,9 @@ def run_region(region, reason: str) -> None:
     stats["kernels_launched"] += core.kernels_launched - launched
     stats["hbm_bytes_moved"] += core.hbm_bytes_moved - moved
     flush_reasons[reason] += 1
-    history.append((reason, len(nodes), plan, modes, nodes))  # explain() reads node.where
+    # (the places, not the nodes: their weak references would keep torch.utils.swap_tensors
+    # from swapping any tensor a region computed)
+    history.append((reason, len(nodes), plan, modes, [node.where for node in nodes]))
 
 
 def _give_storage(nodes, values, indices) -> None:

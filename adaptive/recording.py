@@ -583,8 +583,29 @@ def _move(source: Region, moved: list, target: Region, kept: dict) -> None:
             target.input_index[by_index[m]] = k
 
 
+# Note [Swapping pending tensors]
+# torch.utils.swap_tensors refuses a tensor that has weak references, and a pending tensor
+# has one: its node's. Module.to()/.half() swap parameters that way (swap on conversion, and
+# ops/_compat.py's tied-parameter shim), often right after an optimizer step left them
+# pending. So swap_tensors runs the region first when either tensor is pending in it; the
+# nodes then die with the region, and their weak references with them.
+_swap_tensors = torch.utils.swap_tensors
+
+
+def _swap_after_flush(t1, t2):
+    if _region.nodes and any(_pending_here(t) for t in (t1, t2)):
+        flush("swap_tensors")
+    return _swap_tensors(t1, t2)
+
+
+def _pending_here(t) -> bool:
+    node = pending_node(t)
+    return node is not None and node.region == _region.serial
+
+
 def install() -> None:
     global _inner, _installed, active
+    torch.utils.swap_tensors = _swap_after_flush
     if not _ACTIONS:  # once: the tables are complete when the ops package is imported
         for table, recorder in ((E.FUSIBLE, _record), (plans.PLANS, _record),
                                 (E.FUSIBLE_INPLACE, _record_inplace)):

@@ -6,6 +6,7 @@ Every check runs the same program in plain eager and then several times in adapt
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -354,6 +355,31 @@ def test_swap_tensors_after_a_recorded_read():
         return c, a * 5
 
     both_modes(program)
+
+
+@pytest.mark.parametrize("swap_on_conversion", [False, True])
+def test_module_conversion_right_after_an_optimizer_step(swap_on_conversion):
+    """The step leaves the parameters pending; converting swaps them (torch's swap on
+    conversion, or the tied-parameter shim), which needs their region run first (Note
+    [Swapping pending tensors]). No warning, the same bits, the same Parameter objects."""
+    def program():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 3).to(N)
+        weight = m.weight
+        opt = torch.optim.AdamW(m.parameters())
+        m(torch.ones(2, 4, device=N)).sum().backward()
+        opt.step()
+        torch.__future__.set_swap_module_params_on_conversion(swap_on_conversion)
+        try:
+            m.half()
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(False)
+        assert m.weight is weight
+        return m.weight * 1, m.bias * 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        both_modes(program)
 
 
 @pytest.mark.parametrize("convert", [lambda m: m.to(torch.bfloat16), lambda m: m.half(),
