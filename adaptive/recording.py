@@ -532,10 +532,15 @@ def _flush_part(wanted: list, reason: str) -> bool:
     if any(nodes[j].target is not None for j in read_later):
         return False  # (its value has the updated tensor's layout, not a new one's)
     for j in sorted(read_later):
-        keeper = _make_wrapper(NeuronTensor, nodes[j].shape, dtype=nodes[j].dtype,
-                               device=T.DEVICE)
-        keeper._node = nodes[j]
-        nodes[j].outs.append(weakref.ref(keeper))
+        node = nodes[j]
+        if node.stride is not None:  # a view: its base's memory, with the view's layout
+            keeper = _make_wrapper(NeuronTensor, node.shape, strides=node.stride,
+                                   storage_offset=node.offset, dtype=node.dtype,
+                                   device=T.DEVICE)
+        else:
+            keeper = _make_wrapper(NeuronTensor, node.shape, dtype=node.dtype, device=T.DEVICE)
+        keeper._node = node
+        node.outs.append(weakref.ref(keeper))
         keepers.append((j, keeper))
     first, later = Region(), Region()
     _move(region, [nodes[j] for j in sorted(need)], first, {})

@@ -62,3 +62,21 @@ def test_events_streams_and_memory_queries_run_recorded_work():
         assert torch.equal(w.cpu(), (x.cpu() * 2 + 1).relu() * 3 - 1)
     finally:
         adaptive.disable()
+
+
+def test_a_view_read_later_keeps_its_layout():
+    """Reading a view of a pending result runs it alone; the ops still pending read the view
+    through a stand-in that must have the view's strides and offset, not a new layout."""
+    def program():
+        torch.manual_seed(0)
+        h = torch.tanh(torch.randn(8, 8, device=N))
+        v = h[2:6, 0:4]
+        w = torch.where(v > 0, v, v * 0.5)
+        v.cpu()  # runs tanh and the view only
+        return w.cpu()
+
+    adaptive.disable()
+    expected = program()
+    with adaptive.adaptive_eager():
+        for _ in range(3):
+            same_bits(program(), expected)
