@@ -126,8 +126,24 @@ def try_broadcast(shapes) -> tuple | None:
 def broadcast_shape(shapes) -> tuple:
     shape = try_broadcast(shapes)
     if shape is None:
-        torch.broadcast_shapes(*shapes)  # raises PyTorch's error
+        _raise_mismatch(shapes)
     return shape
+
+
+def _raise_mismatch(shapes):
+    """The CPU's error for operands that do not broadcast (TensorIterator's wording: operands
+    in turn against the shape so far, the first mismatch from the right)."""
+    a = tuple(shapes[0])
+    for b in map(tuple, shapes[1:]):
+        n = max(len(a), len(b))
+        for i in range(n - 1, -1, -1):
+            size_a = a[i - n + len(a)] if i - n + len(a) >= 0 else 1
+            size_b = b[i - n + len(b)] if i - n + len(b) >= 0 else 1
+            if size_a != size_b and size_a != 1 and size_b != 1:
+                raise RuntimeError(f"The size of tensor a ({size_a}) must match the size of "
+                                   f"tensor b ({size_b}) at non-singleton dimension {i}")
+        a = tuple(torch.broadcast_shapes(a, b))
+    torch.broadcast_shapes(*shapes)  # (not reached: some pair failed above)
 
 
 def _strided(t: NeuronTensor, shape, strides) -> np.ndarray:

@@ -276,3 +276,15 @@ def test_refused_like_the_cpu(fn):
     with pytest.raises(type(cpu.value)) as ours:
         fn(a.to("neuron"), b.to("neuron"))
     assert str(ours.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("shapes", [((3,), (4,)), ((2, 3), (3, 2)), ((5, 1, 4), (2, 3)),
+                                    ((2, 3, 4), (1, 4), (5, 1))])
+def test_shapes_that_do_not_broadcast_raise_the_cpu_error(shapes):
+    def error(device):
+        ts = [torch.ones(s, device=device) for s in shapes]
+        with pytest.raises(RuntimeError) as info:
+            ts[0] + ts[1] if len(ts) == 2 else torch.addcmul(*ts)
+        return str(info.value)
+
+    assert error("neuron") == error("cpu")
