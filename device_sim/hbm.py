@@ -10,6 +10,7 @@ reserved <= capacity, and a failed allocation changes no statistic but
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import defaultdict
 
@@ -69,6 +70,24 @@ class Block:
         return "small_pool" if self.size < SMALL_LIMIT else "large_pool"
 
 
+# Note [Blocks still seen]
+# A freed block waits in the cache, but code may still hold a NumPy array made from its
+# buffer: a kernel's argument taken from a temporary (`x.contiguous()._nd`) whose tensor has
+# died. Handing that block out again would let the next allocation overwrite what the array
+# still reads. Every array made from a block's buffer holds a reference to it (NumPy points
+# views at the array that owns the memory), so a block whose buffer has references other
+# than the block's own is skipped until they are gone.
+def _unseen(cached: list) -> Block | None:
+    """Pop the most recently freed block of `cached` that no array still sees, if any."""
+    for k in range(len(cached) - 1, -1, -1):
+        if sys.getrefcount(cached[k].buffer) <= _OWN_REFS:
+            return cached.pop(k)
+    return None
+
+
+_OWN_REFS = 2  # Block.buffer, and getrefcount's argument
+
+
 # "active" equals "allocated" here because blocks are never split.
 # Live counters, per pool (0 = large, 1 = small), in a flat list for the hot path:
 # allocated bytes, requested bytes, allocations; each as (current, cumulative, peak).
@@ -111,9 +130,8 @@ class CachingAllocator:
         size = round_size(nbytes) if nbytes > MIN_BLOCK else MIN_BLOCK
         with self._lock:
             cached = self._cache.get(size)
-            if cached:
-                block = cached.pop()
-            else:
+            block = _unseen(cached) if cached else None
+            if block is None:
                 block = self._new_block(size, nbytes)
             block.requested = nbytes
             block.in_use = True

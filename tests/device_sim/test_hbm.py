@@ -1,4 +1,5 @@
 """The HBM caching allocator, without torch."""
+import numpy as np
 import pytest
 
 from neuron_eager.device_sim.hbm import MIN_BLOCK, CachingAllocator, OutOfMemory, round_size
@@ -109,3 +110,20 @@ def test_a_free_inside_malloc_does_not_deadlock():
     t.start()
     t.join(5)
     assert done and not t.is_alive()
+
+
+def test_a_freed_block_still_seen_by_an_array_is_not_handed_out():
+    """Note [Blocks still seen]: an array made from a freed block's buffer keeps the block
+    from being reused, so what it reads is not overwritten by the next allocation."""
+    hbm = CachingAllocator(1 << 20)
+    block = hbm.malloc(1000)
+    view = np.ndarray((250,), np.float32, block.buffer)
+    view[:] = 7.0
+    hbm.free(block)
+    again = hbm.malloc(1000)
+    assert again is not block
+    again.buffer.fill(0)
+    assert (view == 7.0).all()
+    del view
+    hbm.free(again)
+    assert hbm.malloc(1000) in (block, again)  # unseen now: both reusable

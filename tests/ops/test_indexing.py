@@ -419,3 +419,17 @@ def test_embedding_max_norm_renormalises_looked_up_rows(norm_type, seed):
         return out, emb.weight.detach().clone()  # rows looked up are scaled in place
 
     check_op(run, torch.randn(10, 4) * 3, torch.tensor([[1, 2, 1], [3, 9, 2]]))
+
+
+def test_bags_and_segments_with_strided_operands():
+    """Strided per-sample weights and data reach the kernels as contiguous copies that must
+    stay alive while they read them (Note [Blocks still seen])."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(10, 4, generator=g).requires_grad_()
+    idx, off = torch.randint(0, 10, (12,), generator=g), torch.tensor([0, 3, 7])
+    psw = torch.rand(12, 2, generator=g)
+    check_op(lambda i, t, o, p: F.embedding_bag(i, t, o, mode="sum", per_sample_weights=p[:, 0]),
+             idx, w, off, psw, grad=True)
+    data = torch.randn(3, 6, generator=g).requires_grad_()
+    lengths = torch.tensor([2, 3, 1])
+    check_op(lambda d, n: torch.segment_reduce(d.T, "max", lengths=n), data, lengths, grad=True)

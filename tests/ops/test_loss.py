@@ -239,3 +239,11 @@ def test_ctc_loss_with_lengths_on_the_cpu(reduction, seed):
     with pytest.raises(RuntimeError) as ours:
         F.ctc_loss(lp.detach().to(NEURON), targets.to(NEURON), torch.tensor([13, 10]), tg_lens)
     assert str(ours.value) == str(cpu.value)
+
+
+def test_multi_margin_loss_with_a_strided_target():
+    """The kernel reads a contiguous copy of a strided target: the copy must stay alive (it
+    was freed and overwritten by the next allocation: Note [Blocks still seen])."""
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(6, 8, generator=g), torch.randint(0, 5, (6, 8), generator=g)
+    check_op(lambda x, t: F.multi_margin_loss(x, t[:, 0], reduction="none"), x, t)
