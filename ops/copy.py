@@ -81,6 +81,7 @@ def device_to_host(src: NeuronTensor, dtype: torch.dtype | None = None) -> torch
 def copy_(dst, src, non_blocking=False):
     if isinstance(dst, NeuronTensor):
         if isinstance(src, NeuronTensor):
+            T.check_no_partial_overlap(dst, src)
             E.copy_into(dst, src)
         else:  # host -> device
             if src.dtype == dst.dtype:

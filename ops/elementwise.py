@@ -295,6 +295,8 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
                 raise RuntimeError(f"output with shape {list(out.shape)} doesn't match the "
                                    f"broadcast shape {list(broadcast_shape([out.shape, shape]))}")
             shape = tuple(out.shape)
+        for a in arrays:
+            T.check_no_partial_overlap(out, a)
         if any(a is not out and a._storage is out._storage for a in arrays):
             # another view of the output's memory: compute aside, then copy (no torn reads)
             tmp = run(op, operands, params, None)

@@ -19,6 +19,7 @@ from torch._decomp import decomposition_table
 from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import config, core
+from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import KERNELS
 from neuron_eager.ops.sourceline import user_frame, warn_at_user_line
@@ -207,7 +208,8 @@ def _make_plan(func):
         return cpu_fallback
     functional = _functional_of(func) if (_is_inplace(func) or _out_args(func)) else None
     if functional is not None and functional in KERNELS:
-        return partial(_run_inplace if _is_inplace(func) else _run_out, functional)
+        pointwise = functional in E.FUSIBLE  # TensorIterator ops on the CPU: overlap checked
+        return partial(_run_inplace if _is_inplace(func) else _run_out, functional, pointwise)
     if func in decomposition_table and func not in _DECOMP_SKIP and \
             _uses_aten_only(decomposition_table[func]):
         return _run_decomposition
@@ -238,16 +240,28 @@ def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") 
     aten.copy_.default(dst, result)
 
 
-def _run_inplace(functional, func, args, kwargs):
+def _check_overlap(outs, args, kwargs) -> None:
+    for dst in outs:
+        if type(dst) is NeuronTensor:
+            for a in (*args, *kwargs.values()):
+                if type(a) is NeuronTensor:
+                    T.check_no_partial_overlap(dst, a)
+
+
+def _run_inplace(functional, pointwise, func, args, kwargs):
+    if pointwise:
+        _check_overlap(args[:1], args[1:], kwargs)
     result = functional(*args, **kwargs)
     write_result(args[0], result, "inplace")
     return args[0]
 
 
-def _run_out(functional, func, args, kwargs):
+def _run_out(functional, pointwise, func, args, kwargs):
     names = _out_args(func)
     kwargs = dict(kwargs)
     outs = [kwargs.pop(n) for n in names]
+    if pointwise:
+        _check_overlap(outs, args, kwargs)
     result = functional(*args, **kwargs)
     results = (result,) if len(outs) == 1 else tuple(result)
     for dst, res in zip(outs, results):

@@ -288,3 +288,31 @@ def test_shapes_that_do_not_broadcast_raise_the_cpu_error(shapes):
         return str(info.value)
 
     assert error("neuron") == error("cpu")
+
+
+OVERLAPS = {
+    "copy_ onto a shifted view": lambda y: y[2:].copy_(y[:-2]),
+    "out= onto a shifted view": lambda y: torch.add(y[:-2], 1, out=y[2:]),
+    "unary out= onto a shifted view": lambda y: torch.exp(y[:-2], out=y[2:]),
+    "in place from a shifted view": lambda y: y[1:].add_(y[:-1]),
+    "copy_ between views of other dtypes": lambda y: y.view(torch.int32)[2:].copy_(y[:-2]),
+    "in place on itself": lambda y: y.add_(y),
+    "out= on itself": lambda y: torch.exp(y, out=y),
+    "disjoint parts": lambda y: y[5:].copy_(y[:5]),
+    "strided views (not checked)": lambda y: y[::2].copy_(y[1::2]),
+}
+
+
+@pytest.mark.parametrize("case", OVERLAPS)
+def test_writes_into_memory_they_read_behave_as_on_cpu(case):
+    """Partial overlap of a written tensor with one it reads raises the CPU's error; the
+    same view, disjoint parts and layouts the CPU does not check compute as on the CPU."""
+    def run(device):
+        y = torch.arange(10.0, device=device)
+        try:
+            OVERLAPS[case](y)
+        except RuntimeError as e:
+            return str(e)
+        return y.cpu().tolist()
+
+    assert run("neuron") == run("cpu")
