@@ -212,7 +212,8 @@ def _modulo(float_op, int_op):
 _fmod_run, _remainder_run = _modulo(_FMOD, _IFMOD), _modulo(_REMAINDER, _IREMAINDER)
 register(aten.fmod.Tensor, aten.fmod.Scalar)(lambda x, y: _fmod_run(x, y))
 register(aten.fmod_.Tensor, aten.fmod_.Scalar)(lambda x, y: _fmod_run(x, y, out=x))
-register(aten.remainder.Tensor, aten.remainder.Scalar)(lambda x, y: _remainder_run(x, y))
+register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(
+    lambda x, y: _remainder_run(x, y))
 register(aten.remainder_.Tensor, aten.remainder_.Scalar)(
     lambda x, y: _remainder_run(x, y, out=x))
 _DIV_FLOOR = E.Elementwise("div_floor", _div_floor)

@@ -80,6 +80,7 @@ def device_to_host(src: NeuronTensor, dtype: torch.dtype | None = None) -> torch
 @register(aten.copy_.default)
 def copy_(dst, src, non_blocking=False):
     if isinstance(dst, NeuronTensor):
+        T.check_no_internal_overlap(dst)
         if isinstance(src, NeuronTensor):
             T.check_no_partial_overlap(dst, src)
             E.copy_into(dst, src)

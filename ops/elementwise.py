@@ -295,6 +295,7 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
                 raise RuntimeError(f"output with shape {list(out.shape)} doesn't match the "
                                    f"broadcast shape {list(broadcast_shape([out.shape, shape]))}")
             shape = tuple(out.shape)
+        T.check_no_internal_overlap(out)
         for a in arrays:
             T.check_no_partial_overlap(out, a)
         if any(a is not out and a._storage is out._storage for a in arrays):

@@ -16,6 +16,8 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import copy as C
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.registry import register
+from neuron_eager.ops.router import write_result
 
 aten = torch.ops.aten
 _lib = torch.library.Library("aten", "IMPL")
@@ -138,6 +140,12 @@ def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
     if k:
         cols = out.shape[1]
         out._nd.reshape(-1)[: k * (cols + 1): cols + 1] = numerics.encode_scalar(1, out.dtype)
+    return out
+
+
+@register(aten.eye.out, aten.eye.m_out)  # (nn.init.eye_): an out tensor reaches the dispatcher
+def eye_out(n, m=None, *, out):
+    write_result(out, eye(n, m, dtype=out.dtype))
     return out
 
 

@@ -243,6 +243,7 @@ def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") 
 def _check_overlap(outs, args, kwargs) -> None:
     for dst in outs:
         if type(dst) is NeuronTensor:
+            T.check_no_internal_overlap(dst)
             for a in (*args, *kwargs.values()):
                 if type(a) is NeuronTensor:
                     T.check_no_partial_overlap(dst, a)

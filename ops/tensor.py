@@ -134,6 +134,16 @@ def _dense(shape, stride) -> bool:
     return True
 
 
+def check_no_internal_overlap(out: "NeuronTensor") -> None:
+    """The CPU's error for writing a tensor whose elements share memory (an expanded view:
+    a stride of 0 over a dim longer than 1)."""
+    for n, st in zip(out.shape, out.stride()):
+        if st == 0 and n > 1:
+            raise RuntimeError("unsupported operation: more than one element of the written-to "
+                               "tensor refers to a single memory location. Please clone() the "
+                               "tensor before performing the operation.")
+
+
 def check_no_partial_overlap(out: "NeuronTensor", a: "NeuronTensor") -> None:
     """The CPU's error when `out` is written while `a`, in the same memory, is read and the
     two share only some elements (the same view, or disjoint parts, are fine). Layouts that

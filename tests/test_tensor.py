@@ -49,6 +49,12 @@ def test_factories():
     for args in [(0, 1, 7), (-2, 5, 1), (3, -3, 100)]:
         assert torch.equal(torch.linspace(*args, device=dev).cpu(), torch.linspace(*args))
     assert torch.equal(torch.eye(3, 4, device=dev).cpu(), torch.eye(3, 4))
+    neuron_eager.clear_op_tracking()
+    for shape in [(3, 3), (2, 5), (5, 2)]:  # eye.m_out, on the device (no CPU fallback)
+        w = torch.nn.init.eye_(torch.empty(shape, device=dev))
+        assert torch.equal(w.cpu(), torch.eye(*shape))
+    assert torch.equal(torch.eye(4, out=torch.empty(0, device=dev)).cpu(), torch.eye(4))
+    assert neuron_eager.get_fallback_ops() == {}
     assert torch.equal(torch.tensor([[1, 2], [3, 4]], device=dev).cpu(),
                        torch.tensor([[1, 2], [3, 4]]))
     assert torch.empty(2, 3, device=dev).shape == (2, 3)

@@ -300,6 +300,9 @@ OVERLAPS = {
     "out= on itself": lambda y: torch.exp(y, out=y),
     "disjoint parts": lambda y: y[5:].copy_(y[:5]),
     "strided views (not checked)": lambda y: y[::2].copy_(y[1::2]),
+    "in place on an expanded view": lambda y: y[:2].view(1, 2).expand(3, 2).add_(1),
+    "copy_ into an expanded view": lambda y: y[:2].expand(3, 2).copy_(torch.zeros(3, 2)),
+    "out= into an expanded view": lambda y: torch.neg(y[:6].view(3, 2), out=y[8:].expand(3, 2)),
 }
 
 
@@ -316,3 +319,11 @@ def test_writes_into_memory_they_read_behave_as_on_cpu(case):
         return y.cpu().tolist()
 
     assert run("neuron") == run("cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
+def test_python_number_modulo_tensor(dtype):
+    """`7 % t` (remainder.Scalar_Tensor) runs on the device, with the CPU's signs."""
+    t = torch.tensor([3, -2, 5, 7, -9], dtype=dtype)
+    for number in (7, -7, 2.5):
+        check_op(lambda t: number % t, t)
