@@ -425,8 +425,12 @@ def _is_view(func) -> bool:
     view = _views.get(id(func))
     if view is None:
         returns = func._schema.returns
+        # (a CompositeImplicitAutograd op annotated as a view may copy: contiguous, reshape,
+        # flatten and `to` return new memory for some layouts; the meta run cannot tell)
         view = _views[id(func)] = (func.is_view or func is _UNSAFE_VIEW) and \
-            len(returns) == 1 and str(returns[0].type) == "Tensor"
+            len(returns) == 1 and str(returns[0].type) == "Tensor" and \
+            not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                               "CompositeImplicitAutograd")
     return view
 
 

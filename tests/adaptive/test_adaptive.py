@@ -413,3 +413,17 @@ def test_fp16_chains_rows_and_keep_buffers_with_special_values(cols):
         return y, soft, tiny, big, tiny.sum(-1), (big - y).mean(-1)
 
     both_modes(program)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_interpolate_of_a_channels_last_input(mode):
+    """torch's decomposition ends in aten.contiguous(memory_format=channels_last) on a pending
+    tensor: annotated as a view, but a copy for that layout; recorded as a view, it read the
+    NCHW data with channels-last strides (values off by up to 2.4)."""
+    def program():
+        torch.manual_seed(0)
+        x = torch.randn(1, 2, 3, 3).to(memory_format=torch.channels_last).to(N)
+        return F.interpolate(x * 1, scale_factor=2, mode=mode), \
+            F.interpolate(x, size=(3, 3), mode=mode)
+
+    both_modes(program)
