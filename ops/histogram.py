@@ -190,6 +190,8 @@ def _require_float(x, name):
 
 @register(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):
+    if not x.dtype.is_floating_point and x.dtype != torch.bool:
+        return _int_histc(x, bins, min, max)
     _require_float(x, "histogram_cpu")
     meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     aten.histc.default(meta, bins, min, max)  # CPU's errors for bad bins
@@ -209,6 +211,18 @@ def histc(x, bins=100, min=0, max=0):
     else:
         _nd(out)[:] = 0
     return out
+
+
+def _int_histc(x, bins, min, max):
+    """Integer inputs, as CUDA takes them (transformers' MoE routing counts int32 expert ids
+    so on every device but the CPU): counted as fp32 values, which hold every integer up to
+    2**24 exactly; the counts come back in x's dtype."""
+    values = x._nd
+    if values.size and np.abs(values.astype(np.int64)).max() > 1 << 24:
+        raise NotImplementedError("torch.histc on neuron counts integers as fp32 values: "
+                                  "inputs beyond 2**24 would be binned inexactly; convert "
+                                  "them to float64 on the CPU")
+    return histc(x.to(torch.float32), bins, min, max).to(x.dtype)
 
 
 @register(aten.bincount.default)

@@ -174,8 +174,8 @@ def test_histc(dtype, seed):
 
 
 def test_histc_errors():
-    with pytest.raises(NotImplementedError, match="Long"):
-        torch.histc(torch.arange(4, device="neuron"))
+    with pytest.raises(NotImplementedError, match="beyond 2"):  # integers counted as fp32
+        torch.histc(torch.tensor([1 << 30], device="neuron"))
     with pytest.raises(RuntimeError, match="max must be larger than min"):
         torch.histc(torch.ones(3, device="neuron"), min=2, max=1)
     with pytest.raises(RuntimeError, match="not finite"):
@@ -217,3 +217,14 @@ def test_histogramdd(seed):
     edges = [torch.tensor([-3.0, 0.0, 3.0]), torch.tensor([-1.0, 1.0]),
              torch.tensor([-2.0, -1.0, 0.5, 2.0])]
     check_op(lambda t, a, b, c: torch.histogramdd(t, [a, b, c]), pts, *edges)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_histc_of_integers_as_cuda_counts_them(dtype):
+    """transformers' MoE routing calls histc on int32 expert ids off the CPU (CUDA accepts
+    integers): the counts of the values as floats, in the input's dtype."""
+    ids = torch.randint(0, 8, (64,), dtype=dtype, generator=torch.Generator().manual_seed(0))
+    for kwargs in (dict(bins=8, min=0, max=7), dict(bins=5)):
+        got = torch.histc(ids.to("neuron")[::2], **kwargs).cpu()
+        assert got.dtype == dtype
+        assert torch.equal(got, torch.histc(ids[::2].float(), **kwargs).to(dtype))
