@@ -42,6 +42,8 @@ def warn_int64_range(*values) -> None:
         return
     for v in values:
         if isinstance(v, np.ndarray):
+            if v.dtype.kind == "f":  # inf and NaN have no integer value on any device (T5
+                v = v[np.isfinite(v)]  # casts log(0) = -inf to int64, then masks it out)
             out = v.size and (v.min() < _INT32_MIN or v.max() > _INT32_MAX)
         else:
             out = isinstance(v, int) and not _INT32_MIN <= v <= _INT32_MAX

@@ -295,6 +295,11 @@ def test_int64_outside_int32_warns_where_it_reaches_the_device():
     copy_module._int64_warned = False
     with pytest.warns(UserWarning, match="conversions to int64 wrap"):
         torch.tensor([3e9], device="neuron").long()  # converted in int32, as computed
+    copy_module._int64_warned = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # inf and NaN have no integer value anywhere: no warning
+        torch.tensor([0.0, 5.0], device="neuron").log().long()
+        torch.tensor([float("nan"), float("inf")], device="neuron").long()
 
 
 def test_views_inside_inference_mode_are_what_the_cpu_gives():
