@@ -44,11 +44,8 @@ def _pow2(k):
 
 
 @njit(**JIT)
-def exp_f32(x):  # Note [branch-free]
-    x = f32(x)
-    big = _INF if x == x else x  # overflow, +inf, NaN
-    tiny = x < _EXP_MIN
-    v = max(min(x, _EXP_MAX), _EXP_MIN)
+def _exp_reduced(v):
+    """(n, p) with e^v = p * 2**n: n = round(v / ln2), p = e^r by its polynomial."""
     n = np.floor(v * _LOG2E + f32(0.5))
     r = (v - n * _LN2_HI) - n * _LN2_LO
     c = _EXP_C
@@ -59,6 +56,15 @@ def exp_f32(x):  # Note [branch-free]
     p = p * r + c[2]
     p = p * r + c[1]
     p = p * r + c[0]
+    return n, p
+
+
+@njit(**JIT)
+def exp_f32(x):  # Note [branch-free]
+    x = f32(x)
+    big = _INF if x == x else x  # overflow, +inf, NaN
+    tiny = x < _EXP_MIN
+    n, p = _exp_reduced(max(min(x, _EXP_MAX), _EXP_MIN))
     k = np.int32(n)
     half = k >> 1  # two scalings keep 2**k inside the normal range, one rounding at the end
     y = p * _pow2(half) * _pow2(k - half)
@@ -68,18 +74,9 @@ def exp_f32(x):  # Note [branch-free]
 
 @njit(**JIT)
 def _exp_small(v):
-    """exp_f32(v) for 0 <= v <= 18.2 (tanh's range): the same steps without the
-    overflow, underflow and NaN cases, and 2**n in one scaling (exact either way)."""
-    n = np.floor(v * _LOG2E + f32(0.5))
-    r = (v - n * _LN2_HI) - n * _LN2_LO
-    c = _EXP_C
-    p = c[7] * r + c[6]
-    p = p * r + c[5]
-    p = p * r + c[4]
-    p = p * r + c[3]
-    p = p * r + c[2]
-    p = p * r + c[1]
-    p = p * r + c[0]
+    """exp_f32(v) for 0 <= v <= 18.2 (tanh's range): without the overflow, underflow and
+    NaN cases, and 2**n in one scaling (exact either way)."""
+    n, p = _exp_reduced(v)
     return p * _pow2(np.int32(n))
 
 
