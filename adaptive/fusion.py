@@ -41,7 +41,7 @@ class Group:
 
     __slots__ = ("nodes", "stored", "shape", "spec", "arrays", "scalars", "engine",
                  "moved", "not_moved", "kernel", "kernel_new", "full", "k", "roles", "fixed",
-                 "view", "batch", "elements", "moved_total", "not_moved_total")
+                 "view", "batch", "elements", "moved_total", "not_moved_total", "batch_engine")
 
     def __init__(self, j: int, shape: tuple):
         self.nodes, self.shape, self.spec, self.kernel = [j], shape, None, None
@@ -263,6 +263,7 @@ def _batch(region, groups: list) -> list:
             g.elements = sum(prod(m.shape) for m in g.batch)
             g.moved_total = sum(m.moved for m in g.batch)
             g.not_moved_total = sum(m.not_moved for m in g.batch)
+            g.batch_engine = "scalar" if any(m.engine == "scalar" for m in g.batch) else "vector"
     return kept
 
 
@@ -491,13 +492,11 @@ def _run_fused(region, values, g: Group) -> str:
             member.kernel_new = False
         else:
             _run_ops(region, values, member)
-    if fused:
-        engine = "scalar" if any(m.engine == "scalar" for m in g.batch) else "vector"
-        core.launch(engine, g.elements, g.moved_total)
-        stats["hbm_bytes_not_moved"] += g.not_moved_total
-        stats["fused_kernels"] += 1
     if not fused:
         return "op by op (the kernel did not compile)"
+    core.launch(g.batch_engine, g.elements, g.moved_total)
+    stats["hbm_bytes_not_moved"] += g.not_moved_total
+    stats["fused_kernels"] += 1
     how = "fused (compiled)" if compiled else "fused (cache hit)"
     if len(g.batch) == 1:
         return how
@@ -528,10 +527,10 @@ def _run_kernel(region, values, g: Group, split: bool) -> bool:
         stats["compile_seconds"] += seconds
         stats["cache_misses"] += 1
         return True
-    if split and g.spec[0] == "c" and args[0].shape[0] >= E.SPLIT_MIN:
+    layout = g.spec[0]  # flat loops split by elements, row kernels by rows (2-D views)
+    if split and prod(g.shape) >= E.SPLIT_MIN and (
+            layout == "c" or (layout == "r" and args[0].shape[0] > 1)):
         workers.split_call(kernel, args[0], args[1:])
-    elif split and g.spec[0] == "r" and args[0].shape[0] > 1 and prod(g.shape) >= E.SPLIT_MIN:
-        workers.split_call(kernel, args[0], args[1:])  # slices of rows: each 2-D view splits
     else:
         kernel(*args)
     stats["cache_hits"] += 1
