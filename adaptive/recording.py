@@ -449,7 +449,7 @@ def _record_view(func, node: Node, args, kwargs):
     layouts, many = views.view_metadata(func, args[0], args[1:], kwargs)
     if many or layouts[0][3] != args[0].dtype:
         return None
-    shape, stride, offset, dtype = layouts[0]
+    shape, stride, offset, dtype, _ = layouts[0]
     out = _make_wrapper(NeuronTensor, shape, strides=stride, storage_offset=offset,
                         dtype=dtype, device=T.DEVICE)
     view = _add_node(_region, plans.VIEW, (("n", node.index),), (), [], dtype, "f32", shape,

@@ -190,9 +190,15 @@ class NeuronTensor(torch.Tensor):
         # Only reached when normal lookup fails: `_nd` of a tensor made by new_contiguous,
         # or any data attribute of a tensor whose data adaptive eager has not computed yet.
         if name == "_nd":
-            view = self.__dict__.get("_flat")
+            d = self.__dict__
+            view = d.get("_flat")
             if view is not None:
-                nd = self.__dict__["_nd"] = view.reshape(self.shape)
+                nd = d["_nd"] = view.reshape(self.shape)
+                return nd
+            storage = d.get("_storage")
+            if storage is not None:  # a view made by make_lazy
+                nd = d["_nd"] = nd_view(storage, self.shape, self.stride(),
+                                        self.storage_offset(), self.dtype)
                 return nd
         if name in _DATA_ATTRS and _pending_hook is not None and "_storage" not in self.__dict__:
             _pending_hook(self)  # computes the data or raises
@@ -316,6 +322,32 @@ def make(storage, shape, stride, offset, dtype, requires_grad=False) -> NeuronTe
     t._key = (t.shape, dtype) if nd.flags.c_contiguous else None
     t._flat = None
     return t
+
+
+def make_lazy(storage, shape, stride, offset, dtype, c_contiguous: bool) -> NeuronTensor:
+    """`make` for views: `_nd` is made on first use (many views are never read on the host:
+    autograd's saved transposes, reshapes fed to the next view), and C-contiguity comes
+    from the caller, which caches it with the layout."""
+    t = _make_wrapper(NeuronTensor, shape, strides=stride, storage_offset=offset, dtype=dtype,
+                      device=DEVICE)
+    d = t.__dict__
+    d["_storage"], d["_flat"] = storage, None
+    d["_key"] = (t.shape, dtype) if c_contiguous else None
+    return t
+
+
+def c_contiguous(shape, stride) -> bool:
+    """NumPy's C-contiguity flag for this layout (sizes 1 and empty tensors are contiguous
+    whatever their strides)."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1:
+            if step != expected:
+                return False
+            expected *= size
+    return True
 
 
 def empty(shape, dtype: torch.dtype, stride=None) -> NeuronTensor:

@@ -38,16 +38,25 @@ _cache: dict = {}
 _CACHE_LIMIT = 20000
 
 
-def _key(x, args, kwargs):
-    def freeze(v):
-        if isinstance(v, list):
-            return tuple(freeze(u) for u in v)
-        if isinstance(v, torch.Tensor):
-            raise TypeError  # tensor arguments: no caching
-        return v
+def _freeze(v):
+    """A hashable stand-in for one view argument; TypeError for tensors (not cached)."""
+    kind = type(v)
+    if kind is list or kind is tuple:
+        return tuple([_freeze(u) for u in v])
+    if isinstance(v, torch.Tensor):
+        raise TypeError
+    return v
 
-    return (tuple(x.shape), x.stride(), x.storage_offset(), x.dtype,
-            tuple(freeze(a) for a in args), tuple(sorted((k, freeze(v)) for k, v in kwargs.items())))
+
+def _key(func, x, args, kwargs):
+    # ints and lists of ints are nearly all a view op takes: one hashable tuple, no sorting
+    # unless there are keyword arguments; the op by id (OpOverload hashes in Python, and
+    # overloads live as long as the process)
+    key = (id(func), x.shape, x.stride(), x.storage_offset(), x.dtype, *[
+        a if type(a) is int else _freeze(a) for a in args])
+    if kwargs:
+        key += (tuple(sorted((k, _freeze(v)) for k, v in kwargs.items())),)
+    return key
 
 
 def meta_like(x: torch.Tensor) -> torch.Tensor:
@@ -58,9 +67,10 @@ def meta_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def view_metadata(func, x, args, kwargs):
-    """[(shape, stride, offset, dtype), ...] of what `func` returns, plus whether it was a list."""
+    """[(shape, stride, offset, dtype, C-contiguous), ...] of what `func` returns, plus whether
+    it was a list."""
     try:
-        key = (func, _key(x, args, kwargs))
+        key = _key(func, x, args, kwargs)
         hit = _cache.get(key)
     except TypeError:
         key, hit = None, None
@@ -69,7 +79,8 @@ def view_metadata(func, x, args, kwargs):
     out = func(meta_like(x), *args, **kwargs)
     many = isinstance(out, (list, tuple))
     metas = out if many else [out]
-    hit = ([(tuple(m.shape), m.stride(), m.storage_offset(), m.dtype) for m in metas], many)
+    hit = ([(tuple(m.shape), m.stride(), m.storage_offset(), m.dtype,
+             T.c_contiguous(m.shape, m.stride())) for m in metas], many)
     if key is not None:
         if len(_cache) > _CACHE_LIMIT:
             _cache.clear()
@@ -88,11 +99,19 @@ def normal_views_of(x):
 
 def make_view(func):
     def view(x, *args, **kwargs):
+        if type(x) is not NeuronTensor:
+            T.check_foreign(x)
         metas, many = view_metadata(func, x, args, kwargs)
-        with normal_views_of(x):
-            outs = [T.make(x._storage, s, st, off, dt) for s, st, off, dt in metas]
+        storage = x._storage
+        if not torch.is_inference_mode_enabled() or x.is_inference():
+            outs = [T.make_lazy(storage, *meta) for meta in metas]
+        else:
+            with normal_views_of(x):
+                outs = [T.make_lazy(storage, *meta) for meta in metas]
         return outs if many else outs[0]
 
+    # x is checked above: the router need not look at the arguments when it is the only tensor
+    view.checks_devices = [str(a.type) for a in func._schema.arguments].count("Tensor") == 1
     return view
 
 
@@ -102,8 +121,10 @@ for _op in VIEW_OPS:
 
 @register(aten.detach.default)
 def detach(x):
+    stride = x.stride()
+    contiguous = x._key is not None or T.c_contiguous(x.shape, stride)
     with normal_views_of(x):
-        return T.make(x._storage, x.shape, x.stride(), x.storage_offset(), x.dtype)
+        return T.make_lazy(x._storage, x.shape, stride, x.storage_offset(), x.dtype, contiguous)
 
 
 def make_inplace_view(func):

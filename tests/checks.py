@@ -57,27 +57,47 @@ def assert_close(actual, expected, rtol=None, atol=None, msg=""):
             assert a == e or (a != a and e != e), f"{msg}: {a!r} != {e!r}"
 
 
-def check_op(fn, *args, grad=False, native=True, rtol=None, atol=None, **kwargs):
-    """Run fn(*args, **kwargs) on CPU and on neuron and compare; returns the neuron result."""
+def _upcast(x):
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16):
+        return x.detach().float().requires_grad_(x.requires_grad)
+    return x
+
+
+def _rounded_like(value, like):
+    return value.to(like.dtype) if isinstance(value, torch.Tensor) else value
+
+
+def check_op(fn, *args, grad=False, native=True, rtol=None, atol=None, fp32_reference=False,
+             **kwargs):
+    """Run fn(*args, **kwargs) on CPU and on neuron and compare; returns the neuron result.
+
+    fp32_reference: the CPU computes 16-bit inputs in float32 and rounds the results once,
+    as Trainium does. For ops whose CPU kernels use lower internal precision on some
+    machines (bf16 convolutions without AVX-512 BF16), the CPU's own 16-bit result is no
+    reference."""
     cpu_args = tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad)
                         if isinstance(x, torch.Tensor) else x, args)
     dev_args = to_neuron(cpu_args)
+    ref_args = tree_map(_upcast, cpu_args) if fp32_reference else cpu_args
     neuron_eager.clear_op_tracking()
-    expected = fn(*cpu_args, **kwargs)
+    expected = fn(*ref_args, **kwargs)
     actual = fn(*dev_args, **to_neuron(kwargs))
-    assert_close(actual, expected, rtol, atol, msg=getattr(fn, "__name__", "op"))
+    expected_rounded = tree_map(lambda e, a: _rounded_like(e, a), expected, actual) \
+        if fp32_reference else expected
+    assert_close(actual, expected_rounded, rtol, atol, msg=getattr(fn, "__name__", "op"))
     if grad:
         outs = [o for o in tree_flatten(expected)[0]
                 if isinstance(o, torch.Tensor) and o.requires_grad]
         douts = [o for o in tree_flatten(actual)[0]
                  if isinstance(o, torch.Tensor) and o.requires_grad]
-        seeds = [torch.randn_like(o) for o in outs]
-        torch.autograd.backward(outs, seeds)
+        seeds = [torch.randn_like(o, dtype=d.dtype) for o, d in zip(outs, douts)]
+        torch.autograd.backward(outs, [s.to(o.dtype) for s, o in zip(seeds, outs)])
         torch.autograd.backward(douts, [s.to(NEURON) for s in seeds])
-        for c, d in zip(tree_flatten(cpu_args)[0], tree_flatten(dev_args)[0]):
+        for c, r, d in zip(tree_flatten(cpu_args)[0], tree_flatten(ref_args)[0],
+                           tree_flatten(dev_args)[0]):
             if isinstance(c, torch.Tensor) and c.requires_grad:
                 assert d.grad is not None, "no gradient reached the neuron input"
-                assert_close(d.grad, c.grad, rtol, atol, msg="grad")
+                assert_close(d.grad, r.grad.to(c.dtype), rtol, atol, msg="grad")
     if native:
         assert neuron_eager.get_fallback_ops() == {}, \
             f"fell back to CPU: {neuron_eager.get_fallback_ops()}"

@@ -58,7 +58,10 @@ def test_lower_precision_matches_manual_cast(dtype, seed):
         with torch.autocast("neuron", dtype=dtype):
             out = fn(*_dev(*args))
         assert out.dtype == dtype
-        assert_close(out, fn(*(t.to(dtype) for t in args)), msg=str(fn))
+        # the reference: inputs rounded to `dtype`, computed in fp32, rounded once (the
+        # CPU's own 16-bit convolutions are less precise without AVX-512 BF16/FP16)
+        expected = fn(*(t.to(dtype).float() for t in args)).to(dtype)
+        assert_close(out, expected, msg=str(fn))
 
 
 def test_lower_precision_matches_cpu_autocast(seed):

@@ -1,4 +1,6 @@
 """Trainium numerics: fast transcendentals in ulp, stochastic rounding, auto-cast."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -15,8 +17,9 @@ from neuron_eager.device_sim import config
 def test_transcendentals_within_4_ulp_of_the_exact_value(spec):
     row = numerics_report.measure(spec, 60_000)
     assert row["vs_exact"] <= numerics_report.TARGET_ULP, row
-    # against torch: our error plus torch's own (gelu's reaches 4.6 ulp near x = -1)
-    assert row["vs_torch"] <= numerics_report.TARGET_ULP + 1, row
+    # against torch: at most our error plus torch's own, which depends on the CPU torch
+    # dispatches to (gelu: 4.6 ulp from exact with AVX-512, 7.2 with AVX2 only)
+    assert row["vs_torch"] <= math.ceil(row["vs_exact"] + row["torch_vs_exact"]), row
 
 
 def test_vectorised_loops_give_the_scalar_loops_bits():

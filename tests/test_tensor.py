@@ -117,6 +117,33 @@ def test_views_alias_their_base():
         base.t().view(-1)
 
 
+def test_views_know_their_contiguity_before_their_data_is_read():
+    # views make their NumPy array on first use; the C-contiguity they carry until then must be
+    # NumPy's own flag (which the elementwise fast path relies on)
+    import numpy as np
+
+    from neuron_eager.ops import tensor as T
+
+    base = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
+    x = base.to("neuron")
+    views = [lambda t: t.view(-1), lambda t: t.t() if t.dim() == 2 else t.transpose(0, 1),
+             lambda t: t[:, 1:2], lambda t: t[..., ::2], lambda t: t.unsqueeze(1),
+             lambda t: t.expand(3, *t.shape), lambda t: t[:0], lambda t: t.select(3, 0),
+             lambda t: t.permute(3, 2, 1, 0), lambda t: t.detach(), lambda t: t[1:, :, :1]]
+    for view in views:
+        v = view(x)
+        flag = v._key is not None
+        nd = T.nd_view(v._storage, v.shape, v.stride(), v.storage_offset(), v.dtype)
+        assert flag == nd.flags.c_contiguous, (v.shape, v.stride())
+        assert np.array_equal(v._nd, nd)
+        assert torch.equal(v.cpu(), view(base))
+    for shape, stride in [((1, 4), (99, 1)), ((4, 1), (1, 7)), ((2, 0, 3), (5, 5, 5)), ((), ()),
+                          ((3, 2), (1, 3)), ((2, 3), (3, 1))]:
+        arr = np.lib.stride_tricks.as_strided(np.zeros(64, np.float32), shape,
+                                              [4 * st for st in stride])
+        assert T.c_contiguous(shape, stride) == arr.flags.c_contiguous, (shape, stride)
+
+
 def test_inplace_metadata_ops():
     check_op(lambda x: x.clone().t_() + 1, torch.randn(3, 4))
     check_op(lambda x: x.clone().unsqueeze_(0).squeeze_(0).transpose_(0, 1), torch.randn(3, 4))

@@ -25,7 +25,8 @@ def test_conv2d(dtype, cfg, seed):
     groups = cfg.get("groups", 1)
     x, w = _rand(2, 4, 9, 8, dtype=dtype), _rand(8, 4 // groups, 3, 3, dtype=dtype)
     b = _rand(8, dtype=dtype)
-    check_op(lambda x, w, b: F.conv2d(x, w, b, **cfg), x, w, b, grad=True, **TOL[dtype])
+    check_op(lambda x, w, b: F.conv2d(x, w, b, **cfg), x, w, b, grad=True, **TOL[dtype],
+             fp32_reference=True)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
