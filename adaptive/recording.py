@@ -252,7 +252,8 @@ def _add_node(region, op, refs, params, raw, dtype, compute, shape, out, target=
     node.runner, node.target, node.inplace = None, target, inplace
     node.views, node.stride, node.offset = None, None, 0
     node.key = (op, refs, len(params), dtype, shape, compute, inplace, target)
-    node.where = user_frame(4)  # above the recorder, dispatch and __torch_dispatch__
+    # (above the recorder, dispatch and __torch_dispatch__)
+    node.where = _foreach_where or user_frame(4)
     out._node = node
     node.outs = [weakref.ref(out)]
     region.nodes.append(node)
@@ -285,7 +286,7 @@ def _record_inplace(plan, args, kwargs):
     writes, and `a` becomes pending, so any read of `a` flushes (Note [In-place ops]).
     """
     a = args[0]
-    if _stochastic_rounding_on() or type(a) is not NeuronTensor:
+    if (config.stochastic_rounding and _stochastic_rounding_on()) or type(a) is not NeuronTensor:
         return None
     op, operands, params = plan(*args, **kwargs)
     if not operands or operands[0] is not a or a.numel() == 0:
@@ -294,8 +295,8 @@ def _record_inplace(plan, args, kwargs):
     d = a.__dict__
     old = d.get("_node")
     if old is not None:
-        if old.region != region.serial or sum(r() is not None for r in old.outs) != 1 or \
-                old.op is plans.VIEW or (old.views and any(r() is not None for r in old.views)):
+        if old.region != region.serial or old.op is plans.VIEW or \
+                _alive_count(old.outs) != 1 or (old.views and _alive_count(old.views)):
             return None  # another tensor sees this memory: run it eagerly
     else:
         storage = d.get("_storage")
@@ -303,8 +304,10 @@ def _record_inplace(plan, args, kwargs):
         kept = m is not None and region.memory[m][0] is storage  # the region's own reference
         if storage is None or sys.getrefcount(storage) > 3 + kept:  # d, `storage`, the arg
             return None
-    sig = (op, tuple((o.dtype, o.shape) if isinstance(o, torch.Tensor) else type(o)
-                     for o in operands))
+    sig = [op]
+    for o in operands:
+        sig.append((o.dtype, o.shape) if isinstance(o, torch.Tensor) else type(o))
+    sig = tuple(sig)
     compute = _inplace_types.get(sig)
     if compute is None:
         compute = _inplace_types[sig] = _inplace_type(op, operands, a)
@@ -316,17 +319,31 @@ def _record_inplace(plan, args, kwargs):
         old.outs = [r for r in old.outs if r() is not a]
     else:
         target = region.input(a)
-        region.inputs[target] = T.make(storage, a.shape, a.stride(), a.storage_offset(),
-                                       a.dtype)  # a stand-in: `a` itself becomes pending
+        # a stand-in takes a's data fields (its arrays too): `a` itself becomes pending
+        stand_in = _make_wrapper(NeuronTensor, a.shape, strides=a.stride(),
+                                 storage_offset=a.storage_offset(), dtype=a.dtype,
+                                 device=T.DEVICE)
+        moved = stand_in.__dict__
+        for name in _DATA:
+            if name in d:
+                moved[name] = d.pop(name)
+        region.inputs[target] = stand_in
         del region.input_index[id(a)]  # later reads of `a` name the node
         del storage
-        for name in _DATA:
-            d.pop(name, None)
     _add_node(region, op, refs, params, raw, a.dtype, compute, tuple(a.shape), a, target,
               True)
     if len(region.nodes) >= options.max_ops:
         flush("buffer limit")
     return a
+
+
+def _alive_count(refs) -> int:
+    """How many tensors behind these weak references are alive."""
+    n = 0
+    for ref in refs:
+        if ref() is not None:
+            n += 1
+    return n
 
 
 # Note [In-place ops]
@@ -399,7 +416,7 @@ def dispatch(func, args, kwargs):
         if action is not None:
             recorder, plan = action
             if recorder is None:  # a foreach op: its per-tensor ops come back through per_tensor()
-                return _inner(func, args, kwargs)
+                return _run_foreach(func, args, kwargs)
             out = recorder(plan, args, kwargs)
             if out is not None:
                 native_counter(func)[2] += 1  # get_executed_ops() counts it, as plain eager
@@ -416,6 +433,21 @@ def dispatch(func, args, kwargs):
                         return out
             _sync(func, args, kwargs)
     return _inner(func, args, kwargs)
+
+
+_foreach_where = None  # the user's line of the foreach op running now (under _lock)
+
+
+def _run_foreach(func, args, kwargs):
+    """A foreach op: its per-tensor ops, recorded through per_tensor(), share its user line
+    (found once, not once per tensor)."""
+    global _foreach_where
+    outer = _foreach_where
+    _foreach_where = user_frame(1)
+    try:
+        return _inner(func, args, kwargs)
+    finally:
+        _foreach_where = outer
 
 
 _views: dict = {}  # id(op) -> whether it is a single-tensor view op
