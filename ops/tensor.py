@@ -9,6 +9,7 @@ the kernel dtype (16-bit floats as uint16 bit patterns), which kernels use.
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 from math import prod
 
 import numpy as np
@@ -248,6 +249,17 @@ class NeuronTensor(torch.Tensor):
         block = self._storage.block
         return 0 if block is None else block.address + self.storage_offset() * self.itemsize
 
+    def untyped_storage(self):
+        """torch's storage object for this tensor, answering for its HBM memory: `data_ptr()`
+        is the simulated address where the memory begins and `nbytes()` its size, the same
+        for every view of it. safetensors and transformers' save_pretrained find tensors that
+        share memory this way (a Python device's storage would raise on data_ptr)."""
+        storage = _UNTYPED_STORAGE(self)
+        memory = self._storage
+        storage.data_ptr = partial(_storage_address, memory)
+        storage.nbytes = storage.size = partial(_storage_nbytes, memory)
+        return storage
+
     def __format__(self, format_spec):
         if self.dim() == 0:
             return self.item().__format__(format_spec)
@@ -278,6 +290,15 @@ class NeuronTensor(torch.Tensor):
 
 
 _TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
+_UNTYPED_STORAGE = torch.Tensor.untyped_storage
+
+
+def _storage_address(memory: NeuronStorage) -> int:
+    return 0 if memory.block is None else memory.block.address
+
+
+def _storage_nbytes(memory: NeuronStorage) -> int:
+    return memory.nbytes
 
 
 def _dispatch_not_ready(func, args, kwargs):

@@ -60,3 +60,30 @@ def test_other_loads_are_untouched():
     # the marks stay on storages of neuron loads only: a later CPU load of the same bytes
     again = torch.load(_saved(sd))
     assert again["w"].device.type == "cpu"
+
+
+def test_storages_tell_which_tensors_share_memory():
+    # safetensors and transformers' save_pretrained group a state dict by
+    # (device, untyped_storage().data_ptr(), nbytes) to find tied weights; on the CPU the
+    # groups are: the tied pair, and each other tensor alone. The same must hold on neuron.
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    model[1].weight = model[0].weight  # tied, as a language model's head and embedding
+
+    def groups(m):
+        found = {}
+        for name, t in m.state_dict().items():
+            s = t.untyped_storage()
+            found.setdefault((t.device, s.data_ptr(), s.nbytes()), []).append(name)
+        return sorted(sorted(names) for names in found.values())
+
+    on_cpu = groups(model)
+    assert on_cpu == [["0.weight", "1.weight"], ["1.bias"]]
+    device_model = model.to("neuron")
+    assert groups(device_model) == on_cpu
+    w = device_model[0].weight
+    # views: one memory, and a view's first element lies inside it, as on the CPU
+    s, row = w.untyped_storage(), w[3]
+    assert row.untyped_storage().data_ptr() == s.data_ptr()
+    assert s.data_ptr() <= row.data_ptr() < s.data_ptr() + s.nbytes()
+    assert w.data_ptr() == s.data_ptr() and s.nbytes() == w.numel() * w.element_size()
+    assert w.storage().data_ptr() == s.data_ptr()  # the TypedStorage path (older safetensors)
