@@ -61,7 +61,8 @@ def set_metadata(tensor: torch.Tensor, shape, stride, offset: int) -> None:
     TensorImpl's metadata and nothing else, which is exactly what a wrapper subclass needs.
     """
     torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
-        _META, tensor, tensor.untyped_storage(), offset, list(shape), list(stride))
+        _META, tensor, torch._C.TensorBase.untyped_storage(tensor), offset, list(shape),
+        list(stride))
 
 
 def ensure_foreach_support(cls) -> None:

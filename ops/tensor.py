@@ -255,7 +255,7 @@ class NeuronTensor(torch.Tensor):
         for every view of it. safetensors and transformers' save_pretrained find tensors that
         share memory this way (a Python device's storage would raise on data_ptr)."""
         storage = _UNTYPED_STORAGE(self)
-        memory = self._storage
+        memory = storage._neuron_memory = self._storage  # for set_(storage): ops/views.py
         storage.data_ptr = partial(_storage_address, memory)
         storage.nbytes = storage.size = partial(_storage_nbytes, memory)
         return storage
@@ -290,7 +290,7 @@ class NeuronTensor(torch.Tensor):
 
 
 _TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
-_UNTYPED_STORAGE = torch.Tensor.untyped_storage
+_UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
 
 
 def _storage_address(memory: NeuronStorage) -> int:

@@ -181,6 +181,33 @@ def set_source_tensor_offset(x, source, storage_offset, size, stride=()):
     return x
 
 
+@register(aten.set_.source_Storage)
+def set_source_storage(x, storage):
+    return set_source_storage_offset(x, storage, 0, (storage.nbytes() // x.element_size(),))
+
+
+@register(aten.set_.source_Storage_storage_offset)
+def set_source_storage_offset(x, storage, storage_offset, size, stride=()):
+    """x.set_(storage, ...): `storage` from a neuron tensor's untyped_storage() (torch's own
+    indexing and printing of storages go through this)."""
+    memory = getattr(storage, "_neuron_memory", None)
+    if memory is None:
+        from neuron_eager.ops.router import device_error
+
+        raise device_error(storage.device)
+    stride = tuple(stride) or T.contiguous_strides(size)
+    need = T.storage_extent(size, stride, storage_offset) * x.element_size()
+    if need > memory.nbytes:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset "
+            f"{storage_offset}, and itemsize {x.element_size()} requiring a storage size of "
+            f"{need} are out of bounds for storage of size {memory.nbytes}")
+    x._storage = memory
+    _compat.set_metadata(x, size, stride, storage_offset)
+    T.refresh(x)
+    return x
+
+
 @register(aten.set_.default)
 def set_empty(x):
     x._storage = T.NeuronStorage(0)

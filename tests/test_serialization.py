@@ -87,3 +87,20 @@ def test_storages_tell_which_tensors_share_memory():
     assert s.data_ptr() <= row.data_ptr() < s.data_ptr() + s.nbytes()
     assert w.data_ptr() == s.data_ptr() and s.nbytes() == w.numel() * w.element_size()
     assert w.storage().data_ptr() == s.data_ptr()  # the TypedStorage path (older safetensors)
+
+
+def test_storages_print_index_and_set_like_the_cpus():
+    cpu = torch.arange(6, dtype=torch.float32)
+    dev = cpu.to("neuron")
+    s, c = dev.untyped_storage(), cpu.untyped_storage()
+    assert repr(s) == repr(c).replace("device=cpu", "device=neuron:0")
+    assert s.tolist() == c.tolist() and s[5] == c[5]
+    view = torch.empty(0, device="neuron").set_(s, 2, (2, 2))
+    assert torch.equal(view.cpu(), torch.empty(0).set_(c, 2, (2, 2)))
+    view.add_(1)  # the same memory
+    assert dev[2:].tolist() == [3.0, 4.0, 5.0, 6.0]
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 24"):
+        torch.empty(0, device="neuron").set_(s, 4, (3,))
+    with pytest.raises(RuntimeError):
+        torch.empty(0).set_(c, 4, (3,))  # the CPU refuses too (its tensors' storages are fixed)
+    assert neuron_eager.get_fallback_ops() == {}
