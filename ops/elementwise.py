@@ -312,8 +312,13 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
         return out
 
     kinds, codes, args = [], [], []
+    aliased = 0  # operands that are `out` itself (Note [In-place loops] in kernelgen.py)
     for a in operands:
-        if isinstance(a, NeuronTensor) and (a.dim() or out.dim() == 0):
+        if a is out and out.dim():
+            kinds.append("o")
+            codes.append(numerics.load_code(a.dtype))
+            aliased += 1
+        elif isinstance(a, NeuronTensor) and (a.dim() or out.dim() == 0):
             kinds.append("a")
             codes.append(numerics.load_code(a.dtype))
             args.append(a)
@@ -352,7 +357,7 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
         workers.split_call(kernel, out_arr, [*args, *cparams])
     else:
         kernel(out_arr, *args, *cparams)
-    moved = out_arr.size * out_arr.itemsize + sum(
+    moved = out_arr.size * out_arr.itemsize * (1 + aliased) + sum(
         a.size * a.itemsize for a in args if isinstance(a, np.ndarray))
     core.launch(op.engine, n, moved)
     return out

@@ -37,20 +37,31 @@ def loop_header(layout: str, out: str) -> tuple[list[str], str, str]:
 
 
 def _source(arity: int, nparams: int, kinds: tuple, layout: str, stochastic: bool) -> str:
-    args = ["out"] + [f"a{i}" for i in range(arity)] + [f"p{j}" for j in range(nparams)]
+    # kinds: "a" an array, "s" a scalar, "o" the output array itself (Note [In-place loops])
+    args = ["out"] + [f"a{i}" for i in range(arity) if kinds[i] != "o"] + \
+        [f"p{j}" for j in range(nparams)]
     lines = [f"def kernel({', '.join(args)}):"]
     for i, kind in enumerate(kinds):
         if kind == "s":
             lines.append(f"    v{i} = load{i}(a{i})")
     loop, idx, pad = loop_header(layout, "out")
     lines += loop
-    values = [f"load{i}(a{i}{idx})" if kind == "a" else f"v{i}" for i, kind in enumerate(kinds)]
+    values = [f"load{i}(a{i}{idx})" if kind == "a" else f"load{i}(out{idx})" if kind == "o"
+              else f"v{i}" for i, kind in enumerate(kinds)]
     call = f"fn({', '.join(values + [f'p{j}' for j in range(nparams)])})"
     if stochastic:
         lines.append(f"{pad}out{idx} = store({call}, np.random.randint(0, 4294967296))")
     else:
         lines.append(f"{pad}out{idx} = store({call})")
     return "\n".join(lines) + "\n"
+
+
+# Note [In-place loops]
+# An in-place op reads the array it writes. Passed as two arguments, the loop's input and
+# output are different pointers to LLVM, which vectorises only after a run-time check that
+# their ranges do not overlap; they do, so the scalar loop runs: 2-8x slower (a 256K-element
+# x.mul_(y): 222 us against 93 us for x * y). Read through the output argument itself, the
+# element i that is read is the element i that is written, and the loop vectorises.
 
 
 def jit_source(src: str, namespace: dict, label: str):

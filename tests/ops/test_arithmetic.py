@@ -327,3 +327,19 @@ def test_python_number_modulo_tensor(dtype):
     t = torch.tensor([3, -2, 5, 7, -9], dtype=dtype)
     for number in (7, -7, 2.5):
         check_op(lambda t: number % t, t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_in_place_ops_reading_their_own_output(dtype):
+    # the kernel reads the operand through its output argument (Note [In-place loops]):
+    # every position, contiguous and transposed, and the same bits as the CPU
+    base = (torch.randn(70, 33) * 4).to(dtype)
+    other = (torch.randn(70, 33) * 4).to(dtype)
+    programs = [lambda x, y: x.mul_(x), lambda x, y: x.add_(y).mul_(x),
+                lambda x, y: x.t().add_(x.t(), alpha=2), lambda x, y: x[:, 1:].sub_(y[:, 1:]),
+                lambda x, y: torch.mul(y, x, out=x), lambda x, y: x[::2].maximum(x[::2])]
+    for program in programs:
+        cpu, dev = base.clone(), base.to("neuron")
+        expected = program(cpu, other)
+        actual = program(dev, other.to("neuron"))
+        assert torch.equal(actual.cpu(), expected) and torch.equal(dev.cpu(), cpu)
