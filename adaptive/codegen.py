@@ -58,19 +58,24 @@ def resolve(recipe: tuple):
 
 def source(spec) -> tuple[str, dict]:
     """Kernel source and recipes (global name -> recipe, see `resolve`) for a group `spec`:
-    (layout, nodes, stores, n_out, n_in, n_scalars). Each node is (op, operands, compute,
+    (layout, nodes, stores, n_out, n_in, n_scalars, aliases). Each node is (op, operands, compute,
     out_code) with operands ("v", local node, load code), ("a", input array, load code),
     ("t", scalar arg, load code: a 0-dim tensor's stored value) or ("s", scalar arg: a
-    host-cast Python scalar or parameter); `stores` lists (local node, output array)."""
-    layout, nodes, stores, n_out, n_in, n_scalars = spec
-    names = [f"o{k}" for k in range(n_out)] + [f"a{k}" for k in range(n_in)] + \
+    host-cast Python scalar or parameter); `stores` lists (local node, output array);
+    `aliases` (input, output) pairs: inputs read through the output that writes their memory
+    (Note [In-place loops] in ops/kernelgen.py)."""
+    layout, nodes, stores, n_out, n_in, n_scalars, aliases = spec
+    aliases = dict(aliases)
+    names = [f"o{k}" for k in range(n_out)] + [f"a{k}" for k in range(n_in)
+                                                if k not in aliases] + \
         [f"s{k}" for k in range(n_scalars)]
     recipes: dict = {}
     lines = [f"def kernel({', '.join(names)}):"]
     loop, idx, pad = kernelgen.loop_header(layout, "o0")
     lines += loop
     for k in range(n_in):
-        lines.append(f"{pad}r{k} = a{k}{idx}")
+        array = f"o{aliases[k]}" if k in aliases else f"a{k}"
+        lines.append(f"{pad}r{k} = {array}{idx}")
     held = set()  # fp16 results held as their fp32 values (Note [fp16 values stay fp32])
     for j, (op, operands, compute, out_code) in enumerate(nodes):
         recipes[f"f{j}"] = ("op", op.name)

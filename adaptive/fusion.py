@@ -41,13 +41,15 @@ class Group:
 
     __slots__ = ("nodes", "stored", "shape", "spec", "arrays", "scalars", "engine",
                  "moved", "not_moved", "kernel", "kernel_new", "full", "k", "roles", "fixed",
-                 "view", "batch", "elements", "moved_total", "not_moved_total", "batch_engine")
+                 "view", "batch", "elements", "moved_total", "not_moved_total", "batch_engine",
+                 "aliased")
 
     def __init__(self, j: int, shape: tuple):
         self.nodes, self.shape, self.spec, self.kernel = [j], shape, None, None
         self.kernel_new = False
         self.full, self.k, self.roles, self.fixed, self.view = None, 0, {}, False, False
         self.batch = (self,)  # the groups one launch runs (Note [Batches])
+        self.aliased = frozenset()  # inputs the kernel reads through an output (_lay_out)
 
     def all_nodes(self) -> list[int]:
         return self.nodes if len(self.batch) == 1 else [j for g in self.batch for j in g.nodes]
@@ -369,7 +371,16 @@ def _lay_out(region, g: Group) -> None:
         layout = "s"
         views = [(tuple([1] * pad + cshape), tuple([0] * pad + st)) for st in cstrides]
     stores = tuple((local[j], k) for k, j in enumerate(g.stored))
-    g.spec = (layout, tuple(specs), stores, len(g.stored), len(arrays), len(scalars))
+    # an input that is the very memory and layout an in-place result is written to is read
+    # through that output (Note [In-place loops] in ops/kernelgen.py)
+    n_out, aliases = len(g.stored), []
+    for k_in, (kind, ref) in enumerate(arrays):
+        for k_out, j in enumerate(g.stored):
+            if kind == "i" and nodes[j].target == ref and views[k_out] == views[n_out + k_in]:
+                aliases.append((k_in, k_out))
+                break
+    g.aliased = frozenset(k_in for k_in, _ in aliases)
+    g.spec = (layout, tuple(specs), stores, n_out, len(arrays), len(scalars), tuple(aliases))
     _finish(region, g, views, arrays, scalars, n * _itemsizes(region, g, arrays), bytes_eager)
 
 
@@ -545,9 +556,10 @@ def _arguments(region, values, g: Group, args: list) -> None:
     for k, j in enumerate(g.stored):
         out = values[j] = _output(region, nodes[j])
         args.append(_view(out, *views[k]))
-    base = len(g.stored)
+    base, aliased = len(g.stored), g.aliased
     for k, (kind, ref) in enumerate(sources):
-        args.append(_view(_resolve(region, values, kind, ref), *views[base + k]))
+        if k not in aliased:
+            args.append(_view(_resolve(region, values, kind, ref), *views[base + k]))
     for entry in g.scalars:
         if entry[0] == "t":
             args.append(_resolve(region, values, entry[1], entry[2])._nd[()])

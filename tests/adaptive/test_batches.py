@@ -118,3 +118,26 @@ def test_may_move_rules():
     assert fusion._may_move(nodes, first, [between])
     assert not fusion._may_move(nodes, reader, [between])  # reads node 1, made in between
     assert not fusion._may_move(nodes, writer, [first])  # writes input 0, which node 0 reads
+
+
+def test_in_place_chains_read_through_their_outputs():
+    # the fused loop reads each updated tensor through the output it writes (Note [In-place
+    # loops] in ops/kernelgen.py: separate arrays on one memory keep LLVM from vectorising),
+    # and gives plain eager's bits
+    shapes = [(300, 1000)]  # large: one group of its own, not a batch
+    results = {}
+    for on in (False, True):
+        params, grads = tensors(0, shapes), tensors(1, shapes)
+        moms = [torch.zeros(s, device=N) for s in shapes]
+        adaptive.enable() if on else adaptive.disable()
+        for _ in range(3):
+            adam_like(params, grads, moms, 1e-3)
+            torch.neuron.synchronize()
+        results[on] = bits(params + moms)
+    adaptive.disable()
+    assert all(torch.equal(a, b) for a, b in zip(results[False], results[True]))
+    plan = fusion.history[-1][2]
+    (group,) = [g for g in plan.groups if g.spec is not None]
+    aliases = dict(group.spec[-1])
+    assert len(aliases) == 2  # p and m are read through o-arrays; g is a separate input
+    assert len(group.aliased) == 2
