@@ -359,7 +359,9 @@ def _detach(t: NeuronTensor):
     """detach() of a pending tensor: another pending tensor for the same node (autograd
     detaches results it saves for backward, so this keeps such chains recording)."""
     node = t.__dict__["_node"]
-    out = _make_wrapper(NeuronTensor, t.shape, dtype=t.dtype, device=T.DEVICE)
+    out = _make_wrapper(NeuronTensor, t.shape, strides=t.stride(),
+                        storage_offset=t.storage_offset(), dtype=t.dtype,
+                        device=T.DEVICE)  # a pending view's layout
     out._node = node
     node.outs.append(weakref.ref(out))
     return out

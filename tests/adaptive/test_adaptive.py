@@ -427,3 +427,18 @@ def test_interpolate_of_a_channels_last_input(mode):
             F.interpolate(x, size=(3, 3), mode=mode)
 
     both_modes(program)
+
+
+def test_detaching_a_pending_view_keeps_its_layout():
+    # autograd and users detach views of recorded results: the detached tensor is the view
+    # (its strides and offset), not the view's elements laid out from the start
+    x = torch.randn(3, 5)
+    views = [lambda t: t.narrow(1, 4, 1), lambda t: t.t(), lambda t: t[1:, ::2],
+             lambda t: t.unsqueeze(0).expand(2, 3, 5)]
+    for view in views:
+        with adaptive.adaptive_eager():
+            d = view(torch.tanh(x.to("neuron"))).detach()
+            shown = (d.stride(), d.storage_offset(), d.cpu())
+        plain = view(torch.tanh(x.to("neuron"))).detach()
+        assert shown[:2] == (plain.stride(), plain.storage_offset())
+        assert torch.equal(shown[2], plain.cpu())
