@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch._prims_common import suggest_memory_format
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
@@ -81,6 +82,8 @@ def device_to_host(src: NeuronTensor, dtype: torch.dtype | None = None) -> torch
 
 @register(aten.copy_.default)
 def copy_(dst, src, non_blocking=False):
+    if not isinstance(src, torch.Tensor):  # x.copy_(2): the number as a host 0-dim tensor
+        src = torch.tensor(src)
     if isinstance(dst, NeuronTensor):
         T.check_no_internal_overlap(dst)
         if isinstance(src, NeuronTensor):
@@ -133,30 +136,25 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 
 @register(aten.clone.default)
 def clone(x, *, memory_format=None):
-    if memory_format in (None, torch.preserve_format) and not x.is_contiguous():
-        stride = _dense_strides(x)
-        out = T.empty(x.shape, x.dtype, stride)
-    else:
-        out = T.empty(x.shape, x.dtype, _memory_format_strides(x.shape, memory_format))
-    return E.copy_into(out, x)
+    return E.copy_into(T.empty(x.shape, x.dtype, _like_strides(x, memory_format)), x)
 
 
-def _dense_strides(x):
-    """Strides of x's dimension order, made dense (PyTorch's preserve_format)."""
-    if x.dim() == 0:
-        return ()
-    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), -d))
-    strides, step = [0] * x.dim(), 1
-    for d in reversed(order):
-        strides[d] = step
-        step *= max(x.shape[d], 1)
-    return tuple(strides)
+def _preserved_strides(x):
+    """PyTorch's preserve_format: a dense layout (any dim order) is kept; any other (expanded,
+    sliced) becomes the memory format its strides suggest: channels-last or contiguous."""
+    if is_non_overlapping_and_dense(x):
+        return x.stride()
+    return _memory_format_strides(x.shape, suggest_memory_format(x))
 
 
 def _memory_format_strides(shape, memory_format):
+    """Strides of a memory format (None: contiguous)."""
     if memory_format == torch.channels_last and len(shape) == 4:
         n, c, h, w = shape
         return (h * w * c, 1, w * c, c)
+    if memory_format == torch.channels_last_3d and len(shape) == 5:
+        n, c, d, h, w = shape
+        return (d * h * w * c, 1, h * w * c, w * c, c)
     return None
 
 
@@ -214,7 +212,7 @@ def _like_dtype(x, dtype):
 
 def _like_strides(x, memory_format):
     if memory_format in (None, torch.preserve_format):
-        return x.stride() if is_non_overlapping_and_dense(x) else _dense_strides(x)
+        return _preserved_strides(x)
     return _memory_format_strides(x.shape, memory_format)
 
 

@@ -289,6 +289,12 @@ class NeuronTensor(torch.Tensor):
         return self.numpy()
 
 
+# Note [torch.compile]
+# TorchDynamo traced into __torch_dispatch__ as if the simulator were user code, and failed
+# inside it (a Numba kernel handed a traced 0-dim array for a Python scalar). Skipped there
+# with all it calls, Dynamo breaks the graph at each op on neuron tensors, which then run as
+# in eager mode: `torch.compile(model)` gives eager's results (a backend of our own later).
+_compat.keep_dynamo_out(NeuronTensor.__torch_dispatch__.__func__)
 _TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
 _UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
 

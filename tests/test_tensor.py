@@ -347,3 +347,18 @@ def test_data_ptr_tells_aliases_apart_as_on_the_cpu():
         assert a.data_ptr() != b.data_ptr() and a.data_ptr() != 0
         assert v.data_ptr() - a.data_ptr() == 4 * a.element_size()
         assert a.detach().data_ptr() == a.data_ptr()
+
+
+def test_torch_compile_runs_neuron_models_with_eager_results():
+    # Dynamo stays out of the simulator (Note [torch.compile] in ops/tensor.py)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    expected = model(x)
+    model.to("neuron")
+    compiled = torch.compile(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Dynamo's notes on the graph breaks
+        out = compiled(x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-6)
+    out.sum().backward()
+    assert model[0].weight.grad is not None and neuron_eager.get_fallback_ops() == {}
