@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-from torch._prims_common import suggest_memory_format
+from torch._prims_common import compute_elementwise_output_strides
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
@@ -141,10 +141,12 @@ def clone(x, *, memory_format=None):
 
 def _preserved_strides(x):
     """PyTorch's preserve_format: a dense layout (any dim order) is kept; any other (expanded,
-    sliced) becomes the memory format its strides suggest: channels-last or contiguous."""
+    sliced, overlapping) is made dense in its dims' stride order, as TensorIterator orders an
+    output (ties and stride-0 dims keep their place)."""
     if is_non_overlapping_and_dense(x):
         return x.stride()
-    return _memory_format_strides(x.shape, suggest_memory_format(x))
+    meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return tuple(compute_elementwise_output_strides(meta))
 
 
 def _memory_format_strides(shape, memory_format):

@@ -362,3 +362,27 @@ def test_torch_compile_runs_neuron_models_with_eager_results():
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-6)
     out.sum().backward()
     assert model[0].weight.grad is not None and neuron_eager.get_fallback_ops() == {}
+
+
+def test_clone_and_empty_like_lay_out_memory_like_aten():
+    # preserve_format keeps a dense layout (any dim order); an expanded or overlapping one is
+    # made dense in its stride order, so `.view(-1)` works where it works on the CPU
+    x = torch.arange(4.0).view(1, 4)
+    y = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    cases = [(x, lambda t: t.expand(3, 4)), (x, lambda t: t.t()), (x, lambda t: t[:, ::2]),
+             (x, lambda t: t.reshape(-1).unfold(0, 3, 1)), (y, lambda t: t[:, :, ::2]),
+             (y, lambda t: t[:, 1:]), (y, lambda t: t.permute(2, 0, 3, 1)[:, :1].expand(4, 5, 5, 3))]
+    for base, make in cases:
+        cpu, dev = make(base), make(base.to("neuron"))
+        for fn in (lambda t: t.clone(), torch.empty_like):
+            assert fn(dev).stride() == fn(cpu).stride(), (cpu.shape, cpu.stride())
+        assert torch.equal(dev.clone().cpu(), cpu.clone())
+    assert torch.equal(x.to("neuron").expand(3, 4).clone().view(-1).cpu(),
+                       x.expand(3, 4).clone().view(-1))
+
+
+def test_copy_from_a_python_number():
+    for value, dtype in [(2, torch.float32), (2.7, torch.int32), (True, torch.bfloat16)]:
+        dev = torch.zeros(2, 3, dtype=dtype, device="neuron").t()
+        cpu = torch.zeros(2, 3, dtype=dtype).t()
+        assert torch.equal(dev.copy_(value).cpu(), cpu.copy_(value))
