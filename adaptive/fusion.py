@@ -567,17 +567,10 @@ def _arguments(region, values, g: Group, args: list) -> None:
             args.append(nodes[entry[1]].scalars[entry[2]])
 
 
-def _alive(outs) -> bool:
-    for ref in outs:
-        if ref() is not None:
-            return True
-    return False
-
-
 def run_region(region, reason: str) -> None:
     """Compute a flushed region and give its live pending tensors their storage."""
     nodes = region.nodes
-    alive = [_alive(node.outs) for node in nodes]
+    alive = [node.alive() for node in nodes]
     key = (tuple([node.key for node in nodes]), tuple(region.descs), tuple(alive),
            config.numerics_key)
     plan = _plans.get(key)

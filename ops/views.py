@@ -103,11 +103,8 @@ def make_view(func):
             T.check_foreign(x)
         metas, many = view_metadata(func, x, args, kwargs)
         storage = x._storage
-        if not torch.is_inference_mode_enabled() or x.is_inference():
+        with normal_views_of(x):
             outs = [T.make_lazy(storage, *meta) for meta in metas]
-        else:
-            with normal_views_of(x):
-                outs = [T.make_lazy(storage, *meta) for meta in metas]
         return outs if many else outs[0]
 
     # x is checked above: the router need not look at the arguments when it is the only tensor
@@ -163,9 +160,7 @@ register(aten.resize_.default)(resize_)
 @register(aten.set_.source_Tensor)
 def set_source_tensor(x, source):
     if not isinstance(source, NeuronTensor):
-        from neuron_eager.ops.router import device_error
-
-        raise device_error(source.device)
+        raise T.device_error(source.device)
     x._storage = source._storage
     _compat.set_metadata(x, source.shape, source.stride(), source.storage_offset())
     T.refresh(x)
@@ -174,9 +169,13 @@ def set_source_tensor(x, source):
 
 @register(aten.set_.source_Tensor_storage_offset)
 def set_source_tensor_offset(x, source, storage_offset, size, stride=()):
-    x._storage = source._storage
-    stride = stride or T.contiguous_strides(size)
-    _compat.set_metadata(x, size, stride, storage_offset)
+    return _set_memory(x, source._storage, storage_offset, size, stride)
+
+
+def _set_memory(x, memory, storage_offset, size, stride):
+    """x becomes a view of `memory` (a NeuronStorage) with this layout."""
+    x._storage = memory
+    _compat.set_metadata(x, size, tuple(stride) or T.contiguous_strides(size), storage_offset)
     T.refresh(x)
     return x
 
@@ -192,9 +191,7 @@ def set_source_storage_offset(x, storage, storage_offset, size, stride=()):
     indexing and printing of storages go through this)."""
     memory = getattr(storage, "_neuron_memory", None)
     if memory is None:
-        from neuron_eager.ops.router import device_error
-
-        raise device_error(storage.device)
+        raise T.device_error(storage.device)
     stride = tuple(stride) or T.contiguous_strides(size)
     need = T.storage_extent(size, stride, storage_offset) * x.element_size()
     if need > memory.nbytes:
@@ -202,10 +199,7 @@ def set_source_storage_offset(x, storage, storage_offset, size, stride=()):
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset "
             f"{storage_offset}, and itemsize {x.element_size()} requiring a storage size of "
             f"{need} are out of bounds for storage of size {memory.nbytes}")
-    x._storage = memory
-    _compat.set_metadata(x, size, stride, storage_offset)
-    T.refresh(x)
-    return x
+    return _set_memory(x, memory, storage_offset, size, stride)
 
 
 @register(aten.set_.default)

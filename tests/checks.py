@@ -82,8 +82,7 @@ def check_op(fn, *args, grad=False, native=True, rtol=None, atol=None, fp32_refe
     neuron_eager.clear_op_tracking()
     expected = fn(*ref_args, **kwargs)
     actual = fn(*dev_args, **to_neuron(kwargs))
-    expected_rounded = tree_map(lambda e, a: _rounded_like(e, a), expected, actual) \
-        if fp32_reference else expected
+    expected_rounded = tree_map(_rounded_like, expected, actual) if fp32_reference else expected
     assert_close(actual, expected_rounded, rtol, atol, msg=getattr(fn, "__name__", "op"))
     if grad:
         outs = [o for o in tree_flatten(expected)[0]
