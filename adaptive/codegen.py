@@ -7,16 +7,15 @@ fused loop computes exactly what the ops compute one by one. Kernels are cached 
 by their structure, which leaves out shapes and scalar values (they are arguments), and on
 disk as content-hashed files that Numba caches machine code for (diskcache.py), so a later
 process loads them instead of compiling. A generator returns (source, recipes): each global
-the source calls is a printable recipe that `resolve` turns into the jitted function.
+the source calls is a printable recipe that `elementwise.resolve` turns into the jitted
+function.
 """
 from __future__ import annotations
 
 import time
 import warnings
 
-from neuron_eager.ops import elementwise, kernelgen, numerics
-
-from . import diskcache
+from neuron_eager.ops import diskcache, elementwise, kernelgen
 
 # Note [Bit-identical fusion]
 # Plain eager stores every op's result in its dtype and the next op loads it back. A fused
@@ -33,37 +32,14 @@ STATS_ZERO = dict(compiles=0, disk_hits=0, disk_writes=0, disk_fallbacks=0)
 stats: dict = dict(STATS_ZERO)
 
 
-def resolve(recipe: tuple):
-    """The jitted function a recipe names: ("op", name) an elementwise op's scalar function
-    (Note [Ops by name]), ("loader", code, compute), ("storer", code[, stochastic]) or
-    ("bits", "f32_as_u32" | "u32_as_f32") a bit cast, or ("rounder", "f16"): fp32 rounded to
-    fp16's values (Note [fp16 values stay fp32]).
-
-    >>> resolve(("storer", "f32"))(1.5)
-    1.5
-    """
-    kind, *args = recipe
-    if kind == "op":
-        return elementwise.OPS_BY_NAME[args[0]].fn
-    if kind == "loader":
-        return numerics.loader(*args)
-    if kind == "storer":
-        return numerics.storer(*args)
-    if kind == "rounder" and args[0] == "f16":
-        return numerics.round_to_f16
-    if kind == "bits" and args[0] in ("f32_as_u32", "u32_as_f32"):
-        return getattr(numerics, args[0])
-    raise ValueError(f"unknown kernel recipe {recipe!r}")
-
-
 def source(spec) -> tuple[str, dict]:
-    """Kernel source and recipes (global name -> recipe, see `resolve`) for a group `spec`:
-    (layout, nodes, stores, n_out, n_in, n_scalars, aliases). Each node is (op, operands, compute,
-    out_code) with operands ("v", local node, load code), ("a", input array, load code),
-    ("t", scalar arg, load code: a 0-dim tensor's stored value) or ("s", scalar arg: a
-    host-cast Python scalar or parameter); `stores` lists (local node, output array);
-    `aliases` (input, output) pairs: inputs read through the output that writes their memory
-    (Note [In-place loops] in ops/kernelgen.py)."""
+    """Kernel source and recipes (global name -> recipe, see `elementwise.resolve`) for a
+    group `spec`: (layout, nodes, stores, n_out, n_in, n_scalars, aliases). Each node is
+    (op, operands, compute, out_code) with operands ("v", local node, load code), ("a",
+    input array, load code), ("t", scalar arg, load code: a 0-dim tensor's stored value) or
+    ("s", scalar arg: a host-cast Python scalar or parameter); `stores` lists (local node,
+    output array); `aliases` (input, output) pairs: inputs read through the output that
+    writes their memory (Note [In-place loops] in ops/kernelgen.py)."""
     layout, nodes, stores, n_out, n_in, n_scalars, aliases = spec
     aliases = dict(aliases)
     names = [f"o{k}" for k in range(n_out)] + [f"a{k}" for k in range(n_in)
@@ -126,7 +102,7 @@ def kernel_for(spec, label: str, make_source=None):
         stats["disk_writes"] += written
         stats["disk_fallbacks"] += kernel is None
     if kernel is None:
-        namespace = {name: resolve(recipe) for name, recipe in recipes.items()}
+        namespace = {name: elementwise.resolve(recipe) for name, recipe in recipes.items()}
         kernel = kernelgen.jit_source(src, namespace, f"fused {label}")
     _kernels[spec], _labels[spec] = kernel, label
     return kernel, True

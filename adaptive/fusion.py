@@ -15,6 +15,7 @@ from collections import Counter, deque
 from math import prod
 
 import numpy as np
+import torch
 
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
@@ -592,8 +593,10 @@ def run_region(region, reason: str) -> None:
                 mode = f"op by op (sighting {plan.seen})" if g.spec is not None else "op by op"
         except Exception as e:
             node = nodes[getattr(e, "adaptive_node", g.nodes[0])]  # fused: its first op
-            error = RuntimeError(f"adaptive eager: running {node.op.name} recorded at "
-                                 f"{node.where[0]}:{node.where[1]} failed: {e}")
+            kind = T.NeuronOutOfMemoryError if isinstance(e, torch.OutOfMemoryError) else \
+                RuntimeError  # (so `except torch.OutOfMemoryError` still catches it)
+            error = kind(f"adaptive eager: running {node.op.name} recorded at "
+                         f"{node.where[0]}:{node.where[1]} failed: {e}")
             for later in nodes:
                 later.error = repr(e)  # a string: no traceback (and its frames) kept alive
                 if later.target is not None:  # the tensor gets its memory back

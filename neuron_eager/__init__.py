@@ -12,7 +12,7 @@ import sys
 import torch
 
 from neuron_eager.device_sim import config
-from neuron_eager.ops import _compat, router
+from neuron_eager.ops import _compat, jit, router
 from neuron_eager.ops.tensor import NeuronOutOfMemoryError, NeuronTensor
 
 import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
@@ -47,10 +47,17 @@ def get_fallback_ops() -> dict[str, int]:
     return dict(router.fallback_ops)
 
 
+def kernel_cache_stats() -> dict:
+    """Plain eager's kernels in this process: how many were `loaded` from the disk cache and
+    how many `compiled`, and the cache `folder` (None: NEURON_EAGER_CACHE_DIR=off). Adaptive
+    eager's fused kernels are counted in `neuron_eager.adaptive.stats()`."""
+    return dict(jit.stats(), folder=jit.plain_folder())
+
+
 def clear_op_tracking() -> None:
     """Reset both op counters (and re-arm the one-time fallback warnings)."""
     router.clear_op_tracking()
 
 
 __all__ = ["config", "NeuronTensor", "NeuronOutOfMemoryError", "get_executed_ops",
-           "get_fallback_ops", "clear_op_tracking", "profiler"]
+           "get_fallback_ops", "kernel_cache_stats", "clear_op_tracking", "profiler"]

@@ -78,9 +78,7 @@ def _index(device) -> int:
         if device.type != _tensor.DEVICE.type:
             raise ValueError(f"expected a neuron device, got {device}")
         index = device.index or 0
-    if index != 0:
-        raise RuntimeError(f"neuron:{index} does not exist: this process simulates one "
-                           "NeuronCore (neuron:0); run one process per core, as torchrun does")
+    _tensor.check_device_index(index)
     return index
 
 

@@ -300,3 +300,51 @@ def prefer_512_bit_vectors() -> bool:
     codegen._tm = ll.Target.from_triple(ll.get_process_triple()).create_target_machine(**options)
     codegen._tm_features = features  # part of the on-disk cache key (magic_tuple)
     return True
+
+
+
+def numba_function_cache(folder, function_key):
+    """A Numba FunctionCache class (what `cache=True` installs on a dispatcher) keeping
+    machine code in the folder `folder()` names, under keys from `function_key(py_func)`
+    instead of Numba's bytecode hash and pickled closure (Note [Plain kernels on disk])."""
+    from numba.core import caching
+
+    class Locator(caching._CacheLocator):
+        def __init__(self, py_func, py_file):
+            self._py_file = py_file
+            self._lineno = py_func.__code__.co_firstlineno
+
+        def get_cache_path(self):
+            return str(folder())
+
+        def get_source_stamp(self):  # the folder's fingerprint covers every source
+            return None
+
+        def get_disambiguator(self):
+            return str(self._lineno)
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            return cls(py_func, py_file)
+
+    class Impl(caching.CompileResultCacheImpl):
+        _locator_classes = [Locator]
+
+    class FunctionCache(caching.FunctionCache):
+        _impl_class = Impl
+
+        def _index_key(self, sig, codegen):
+            return sig, codegen.magic_tuple(), function_key(self._py_func)
+
+    return FunctionCache
+
+
+def unique_numba_symbols() -> None:
+    """Number this process's Numba functions from a random start (Note [Symbols across
+    processes] in ops/jit.py)."""
+    import itertools
+    import secrets
+
+    from numba.core import bytecode
+
+    bytecode.FunctionIdentity._unique_ids = itertools.count(secrets.randbits(48) << 12)

@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.arithmetic import define
 from neuron_eager.ops.fastmath import (cos_f32, erf_f32, exp_f32, log_f32, sigmoid_f32,  # noqa: F401
                                       sin_f32, tanh_f32)
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.registry import register
 

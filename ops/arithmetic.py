@@ -11,12 +11,12 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -273,11 +273,20 @@ def floor_divide_(x, y):
 
 @njit
 def _pow(x, y):
-    # squares and cubes as products, as PyTorch's CPU kernel does (same bits, no powf call)
+    # the exponents PyTorch's CPU kernel computes without powf, computed as it does (the same
+    # bits, and sqrt's answers at -inf and -0.0: x ** 0.5 is NaN and -0.0 there)
     if y == 2:
         return x * x
     if y == 3:
         return x * x * x
+    if y == 0.5:
+        return np.sqrt(x)
+    if y == -0.5:
+        return 1 / np.sqrt(x)
+    if y == -1:
+        return 1 / x
+    if y == -2:
+        return 1 / (x * x)
     return x ** y
 
 
@@ -291,7 +300,7 @@ def _maximum(x, y):
         return x
     if y != y:
         return y
-    return x if x > y else y
+    return x if x >= y else y  # a tie gives x, as the CPU does: maximum(-0.0, 0.0) is -0.0
 
 
 @njit
@@ -300,7 +309,7 @@ def _minimum(x, y):
         return x
     if y != y:
         return y
-    return x if x < y else y
+    return x if x <= y else y
 
 
 define("maximum", _maximum.py_func, [aten.maximum.default])
@@ -379,9 +388,9 @@ define("round", lambda x: np.rint(x), [aten.round.default],
 def _clamp(x, lo, hi, has_lo, has_hi):
     if x != x:
         return x
-    if has_lo and x < lo:
+    if has_lo and (x < lo or lo != lo):  # a NaN bound gives NaN, as on the CPU
         x = lo
-    if has_hi and x > hi:
+    if has_hi and (x > hi or hi != hi):
         x = hi
     return x
 

@@ -12,13 +12,13 @@ import itertools
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.indexing import meta_call
 
@@ -63,6 +63,10 @@ def _check_sizes(live, dim):
 
 @register(aten.cat.default)
 def cat(tensors, dim=0):
+    for k, t in enumerate(tensors):
+        if t.dim() == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {k}) cannot be "
+                               f"concatenated")
     live = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]  # legacy: skipped
     if live and live[0].dim() and -live[0].dim() <= dim < live[0].dim():
         _check_sizes(live, dim % live[0].dim())
@@ -270,7 +274,7 @@ register(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
          aten.linspace.Scalar_Tensor)(_linspace_tensor)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True)
 def _repeat_indices(out, counts):
     k = 0
     for i in range(counts.shape[0]):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
@@ -16,6 +15,7 @@ from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.indexing import as_long, check_bounds, contiguous, finish
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -105,6 +105,12 @@ def _bags(indices, offsets, include_last_offset):
     idx = contiguous(as_long(indices)).reshape(-1)
     offs = as_long(offsets)._nd.reshape(-1)
     n = idx.numel()
+    if offs.size and offs[0] != 0:  # (the host reads both ends, as the CPU's kernel does)
+        raise RuntimeError(f"offsets[0] has to be 0, i.e., the first sequence in the "
+                           f"mini-batch has to start from position 0. However, got {offs[0]}")
+    if offs.size and offs[-1] > n:
+        raise RuntimeError(f"offsets[-1] can not be greater than input's length {n} but got "
+                           f"offsets[-1] of {offs[-1]}")
     starts = offs[:-1] if include_last_offset else offs
     ends = offs[1:] if include_last_offset else np.append(offs[1:], n)
     return idx, np.minimum(starts, n), np.minimum(ends, n)

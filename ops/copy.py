@@ -6,6 +6,8 @@ device with Trainium rounding, as the runtime would.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 from torch._prims_common import compute_elementwise_output_strides
@@ -14,6 +16,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
+from neuron_eager.ops.numerics import warn_int64_range
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sourceline import warn_at_user_line
@@ -31,53 +34,40 @@ def warn_float64(dtype: torch.dtype) -> None:
                           "on Trainium (TorchNeuron's policy); expect float32 precision.")
 
 
-_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
-_int64_warned = False
+_FROM_META = ("Cannot copy out of meta tensor; no data! Please use torch.nn.Module.to_empty() "
+              "instead of torch.nn.Module.to() when moving module from meta to a different "
+              "device.")
 
 
-def warn_int64_range(*values) -> None:
-    """Warn once when int64 values outside int32's range reach the device: host copies keep
-    them, but ops compute int64 as int32 (TorchNeuron's policy) and wrap them."""
-    global _int64_warned
-    if _int64_warned:
-        return
-    for v in values:
-        if isinstance(v, np.ndarray):
-            if v.dtype.kind == "f":  # inf and NaN have no integer value on any device (T5
-                v = v[np.isfinite(v)]  # casts log(0) = -inf to int64, then masks it out)
-            out = v.size and (v.min() < _INT32_MIN or v.max() > _INT32_MAX)
-        else:
-            out = isinstance(v, int) and not _INT32_MIN <= v <= _INT32_MAX
-        if out:
-            _int64_warned = True
-            warn_at_user_line("int64 values outside the int32 range reached neuron: ops "
-                              "compute int64 as int32, as on Trainium (TorchNeuron's policy), "
-                              "so arithmetic on them and conversions to int64 wrap (copies "
-                              "from the host keep them).")
-            return
-
-
-def host_to_device(src: torch.Tensor, dtype: torch.dtype | None = None) -> NeuronTensor:
+def host_to_device(src: torch.Tensor, dtype: torch.dtype | None = None,
+                   memory_format=None) -> NeuronTensor:
+    if src.device.type == "meta":
+        raise NotImplementedError(_FROM_META)
     dtype = dtype or src.dtype
     T.check_dtype(src.dtype)
     warn_float64(dtype)
-    staged = T.from_cpu(src.detach().resolve_conj().resolve_neg())
+    stride = _like_strides(src, memory_format)  # (None: contiguous)
+    staged = T.from_cpu(src.detach().resolve_conj().resolve_neg(), stride)
     if src.dtype == torch.int64:
         warn_int64_range(staged._nd)
     core.launch("dma", src.numel(), staged._nd.nbytes)
     if dtype == src.dtype:
         return staged
-    out = T.empty(src.shape, dtype)
+    out = T.empty(src.shape, dtype, stride)
     return E.copy_into(out, staged)
 
 
-def device_to_host(src: NeuronTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+def device_to_host(src: NeuronTensor, dtype: torch.dtype | None = None,
+                   memory_format=None) -> torch.Tensor:
+    """`src` on the host, in the layout `memory_format` gives (preserve_format: dense
+    layouts kept, as `.to()` does on every device)."""
+    stride = _like_strides(src, memory_format)
     if dtype is not None and dtype != src.dtype:
-        converted = T.empty(src.shape, dtype)
+        converted = T.empty(src.shape, dtype, stride)
         E.copy_into(converted, src)
         src = converted
     core.launch("dma", src.numel(), src._nd.nbytes)
-    return T.to_cpu(src)
+    return T.to_cpu(src, stride)
 
 
 @register(aten.copy_.default)
@@ -87,9 +77,13 @@ def copy_(dst, src, non_blocking=False):
     if isinstance(dst, NeuronTensor):
         T.check_no_internal_overlap(dst)
         if isinstance(src, NeuronTensor):
+            if src.shape != dst.shape:
+                _check_copy_shapes(dst, src)
             T.check_no_partial_overlap(dst, src)
             E.copy_into(dst, src)
         else:  # host -> device
+            if src.device.type == "meta":
+                raise NotImplementedError(_FROM_META)
             if src.dtype == dst.dtype:
                 if src.shape == dst.shape:  # Note [Host copies]
                     np.copyto(dst._nd, T.host_array(src))
@@ -106,6 +100,14 @@ def copy_(dst, src, non_blocking=False):
     return dst
 
 
+def _check_copy_shapes(dst, src) -> None:
+    """The CPU's errors for a source that does not broadcast to the destination."""
+    shape = E.broadcast_shape([dst.shape, src.shape])
+    if shape != tuple(dst.shape):
+        raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the broadcast "
+                           f"shape {list(shape)}")
+
+
 @register(aten._copy_from.default)
 def _copy_from(src, dst, non_blocking=False):
     return copy_(dst, src)
@@ -119,18 +121,28 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     target = torch.device(device) if device is not None else x.device
     if target.type == "cpu":
         if not isinstance(x, NeuronTensor):
-            return x.to(dtype=dtype, copy=True)
-        return device_to_host(x, dtype)
+            return x.to(dtype=dtype, copy=True, memory_format=memory_format or
+                        torch.preserve_format)
+        return device_to_host(x, dtype, memory_format)
+    if target.type == "meta":  # shape, dtype and layout only, as from any device
+        return torch.empty_strided(x.shape, _like_strides(x, memory_format) or
+                                   T.contiguous_strides(x.shape), dtype=dtype or x.dtype,
+                                   device="meta")
     if target.type != T.DEVICE.type:
         raise RuntimeError(f"cannot copy a neuron tensor to {target} directly; use .cpu() first")
+    T.check_device_index(target)
     if not isinstance(x, NeuronTensor):
-        return host_to_device(x, dtype)
+        return host_to_device(x, dtype, memory_format)
     dtype = dtype or x.dtype
     T.check_dtype(dtype)
     warn_float64(dtype)
-    if dtype == torch.int64 and x.dtype in (torch.float32, torch.float64) and not _int64_warned:
+    if dtype != x.dtype and (dtype in E.BAREBONES or x.dtype in E.BAREBONES):
+        # no engine kernel converts PyTorch's storage-only unsigned types: the host does
+        return host_to_device(device_to_host(x).to(dtype), None, memory_format)
+    if dtype == torch.int64 and x.dtype in (torch.float32, torch.float64) and \
+            not numerics.int64_warned:
         warn_int64_range(x._nd)  # .long() past int32 (bf16, stored as bits, is not checked)
-    out = T.empty(x.shape, dtype)
+    out = T.empty(x.shape, dtype, _like_strides(x, memory_format))
     return E.copy_into(out, x)
 
 
@@ -213,53 +225,77 @@ def _like_dtype(x, dtype):
 
 
 def _like_strides(x, memory_format):
+    """The strides a copy of `x` in `memory_format` gets (None: contiguous)."""
     if memory_format in (None, torch.preserve_format):
-        return _preserved_strides(x)
+        stride = x.stride()  # (exactly: size-1 dims keep their strides, as on the CPU)
+        return None if stride == T.contiguous_strides(x.shape) else _preserved_strides(x)
     return _memory_format_strides(x.shape, memory_format)
 
 
-@register(aten.empty_like.default)
+def honours_device(*ops):
+    """Register the kernel of `ops`, which makes a neuron tensor from a neuron tensor `x`;
+    given `device=` elsewhere (cpu, meta), the op runs there on a meta stand-in of `x`, as a
+    `*_like` or `new_*` call on a CUDA tensor makes its result on the device asked for."""
+    def decorate(kernel):
+        for op in ops:
+            register(op)(partial(_on_device_asked, op, kernel))
+        return kernel
+
+    return decorate
+
+
+def _on_device_asked(op, kernel, x, *args, device=None, **kwargs):
+    if device is not None:
+        device = torch.device(device)
+        if device.type != T.DEVICE.type:
+            stand_in = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+            return op(stand_in, *args, device=device, **kwargs)
+        T.check_device_index(device)
+    return kernel(x, *args, **kwargs)
+
+
+@honours_device(aten.empty_like.default)
 def empty_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return T.empty(x.shape, _like_dtype(x, dtype), _like_strides(x, memory_format))
 
 
-@register(aten.zeros_like.default)
+@honours_device(aten.zeros_like.default)
 def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return fill(empty_like(x, dtype=dtype, memory_format=memory_format), 0)
 
 
-@register(aten.ones_like.default)
+@honours_device(aten.ones_like.default)
 def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return fill(empty_like(x, dtype=dtype, memory_format=memory_format), 1)
 
 
-@register(aten.full_like.default)
+@honours_device(aten.full_like.default)
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
               memory_format=None):
     return fill(empty_like(x, dtype=dtype, memory_format=memory_format), fill_value)
 
 
-@register(aten.new_empty.default)
+@honours_device(aten.new_empty.default)
 def new_empty(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return T.empty(size, _like_dtype(x, dtype))
 
 
-@register(aten.new_empty_strided.default)
+@honours_device(aten.new_empty_strided.default)
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     return T.empty(size, _like_dtype(x, dtype), stride)
 
 
-@register(aten.new_zeros.default)
+@honours_device(aten.new_zeros.default)
 def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return fill(T.empty(size, _like_dtype(x, dtype)), 0)
 
 
-@register(aten.new_ones.default)
+@honours_device(aten.new_ones.default)
 def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return fill(T.empty(size, _like_dtype(x, dtype)), 1)
 
 
-@register(aten.new_full.default)
+@honours_device(aten.new_full.default)
 def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     return fill(T.empty(size, _like_dtype(x, dtype)), fill_value)
 
@@ -277,3 +313,10 @@ def is_pinned(x, device=None):
 @register(aten.is_same_size.default)
 def is_same_size(x, other):
     return x.shape == other.shape
+
+
+@register(aten._has_same_storage_numel.default)
+def has_same_storage_numel(x, other):
+    """Forward-mode AD's question (make_dual): do both memories hold as many elements?"""
+    return x._storage.nbytes // x.element_size() == \
+        other._storage.nbytes // other.element_size()

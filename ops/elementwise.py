@@ -61,6 +61,30 @@ def _definition(op: "Elementwise"):
             code.co_consts, code.co_names, no_closure)
 
 
+def resolve(recipe: tuple):
+    """The jitted function a recipe names, for generated kernel files: ("op", name) an
+    elementwise op's scalar function (Note [Ops by name]), ("loader", code, compute),
+    ("storer", code[, stochastic]) or ("bits", "f32_as_u32" | "u32_as_f32") a bit cast, or
+    ("rounder", "f16"): fp32 rounded to fp16's values (Note [fp16 values stay fp32] in
+    adaptive/codegen.py).
+
+    >>> resolve(("storer", "f32"))(1.5)
+    1.5
+    """
+    kind, *args = recipe
+    if kind == "op":
+        return OPS_BY_NAME[args[0]].fn
+    if kind == "loader":
+        return numerics.loader(*args)
+    if kind == "storer":
+        return numerics.storer(*args)
+    if kind == "rounder" and args[0] == "f16":
+        return numerics.round_to_f16
+    if kind == "bits" and args[0] in ("f32_as_u32", "u32_as_f32"):
+        return getattr(numerics, args[0])
+    raise ValueError(f"unknown kernel recipe {recipe!r}")
+
+
 def _proxy(key):
     """A CPU stand-in with the same promotion category as the operand `key` describes."""
     if isinstance(key, tuple):
@@ -95,7 +119,15 @@ def dtypes_for(op: Elementwise, operands) -> tuple[torch.dtype, str]:
     return hit
 
 
+BAREBONES = (torch.uint16, torch.uint32, torch.uint64)  # PyTorch's storage-only unsigned types
+
+
 def _dtypes_uncached(op: Elementwise, keys) -> tuple[torch.dtype, str]:
+    for k in keys:
+        if isinstance(k, tuple) and k[0] in BAREBONES:
+            raise NotImplementedError(
+                f"{_user_name(op)} has no neuron kernel for {k[0]}: PyTorch's {k[0]} is a storage "
+                f"type (copies and views); convert it first, e.g. x.to(torch.int32)")
     common = _result_type(keys)
     if op.kind == "always_bool":
         return torch.bool, numerics.compute_type(common)
@@ -238,7 +270,7 @@ def _run_contiguous(op: Elementwise, operands, params):
     plan = _fast_plans.get(signature)
     if plan is None:
         plan = _fast_plans[signature] = _plan_contiguous(op, operands)
-    kernel, dtype, cast = plan
+    kernel, dtype, cast, exact = plan
     out = T.new_contiguous(shape, dtype)
     out_arr = out._flat
     n = out_arr.size
@@ -249,6 +281,8 @@ def _run_contiguous(op: Elementwise, operands, params):
         kernel(out_arr, *args)
     else:
         workers.split_call(kernel, out_arr, args)
+    if exact:
+        numerics.wrap_int64(out_arr, _user_name(op))
     core.launch(op.engine, n, n * out_arr.itemsize * (1 + len(operands)))
     return out
 
@@ -259,9 +293,21 @@ def _plan_contiguous(op, operands):
     codes = tuple(numerics.load_code(a.dtype) if type(a) is NeuronTensor else "py"
                   for a in operands)
     stochastic = config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)
+    out_code = _out_code(dtype, compute)
     kernel = kernelgen.elementwise_kernel(op.name, op.fn, op.nparams, kinds, codes, compute,
-                                          numerics.CODE[dtype], "c", stochastic)
-    return kernel, dtype, numerics.SCALAR_CAST[compute]
+                                          out_code, "c", stochastic)
+    return kernel, dtype, numerics.SCALAR_CAST[compute], out_code == "i64x"
+
+
+def _out_code(dtype: torch.dtype, compute: str) -> str:
+    """The store format of a result: int64 arithmetic is stored whole, then wrapped to int32
+    as Trainium computes it (numerics.wrap_int64), so that a wrap can warn."""
+    code = numerics.CODE[dtype]
+    return "i64x" if code == "i64" and compute == "int" else code
+
+
+def _user_name(op: Elementwise) -> str:
+    return op.name.removesuffix("_plain")
 
 
 def check_castable(result_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
@@ -348,15 +394,17 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
         views = [_strided(t, cshape, [0] * pad + st) for t, st in zip(tensors, cstrides)]
         out_arr, it = views[0], iter(views[1:])
         args = [next(it) if isinstance(a, NeuronTensor) else a for a in args]
+    out_code = _out_code(out.dtype, compute)
     kernel = kernelgen.elementwise_kernel(
-        op.name, op.fn, op.nparams, tuple(kinds), tuple(codes), compute,
-        numerics.CODE[out.dtype], layout,
+        op.name, op.fn, op.nparams, tuple(kinds), tuple(codes), compute, out_code, layout,
         config.stochastic_rounding and out.dtype in (torch.bfloat16, torch.float16))
     cparams = [numerics.scalar_for(p, compute) for p in params]
     if contiguous and n >= SPLIT_MIN:
         workers.split_call(kernel, out_arr, [*args, *cparams])
     else:
         kernel(out_arr, *args, *cparams)
+    if out_code == "i64x":
+        numerics.wrap_int64(out_arr, _user_name(op))
     moved = out_arr.size * out_arr.itemsize * (1 + aliased) + sum(
         a.size * a.itemsize for a in args if isinstance(a, np.ndarray))
     core.launch(op.engine, n, moved)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import copy as C
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.router import write_result
 
@@ -198,6 +198,17 @@ def _copy_(dst, src, non_blocking=False):
     return C.copy_(dst, src)
 
 
+def _on_device_zero(factory):
+    """`factory`, refusing neuron:k for k > 0 (torch dispatches any index here)."""
+    def run(*args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None:
+            T.check_device_index(torch.device(device))
+        return factory(*args, **kwargs)
+
+    return run
+
+
 for _name, _fn in [
     ("empty.memory_format", empty_memory_format), ("empty_strided", empty_strided),
     ("arange", _arange(aten.arange.default)), ("arange.start", _arange(aten.arange.start)),
@@ -208,4 +219,4 @@ for _name, _fn in [
     ("triu_indices", _tri_indices(aten.triu_indices.default, False)), ("_local_scalar_dense", _local_scalar_dense),
     ("_copy_from", _copy_from), ("copy_", _copy_),
 ]:
-    _lib.impl(_name, _fn, "PrivateUse1")
+    _lib.impl(_name, _on_device_zero(_fn), "PrivateUse1")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.numerics import f32_as_u32, u32_as_f32
 
 JIT = dict(error_model="numpy", nogil=True, fastmath={"contract"})  # FMA in polynomials

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.matmul import meta_check, narrow_into, result_buffer, widen
 from neuron_eager.ops.registry import register
 
@@ -293,9 +293,18 @@ def _grid_native(x, grid, mode):
         grid.dtype == x.dtype and mode in (0, 1, 2)
 
 
+def _check_grid(grid, coords: int) -> None:
+    """The CPU's error for a grid whose last dim is not (x, y) or (x, y, z) (the meta kernel
+    asserts instead)."""
+    if grid.dim() == coords + 2 and grid.shape[-1] != coords:
+        raise RuntimeError(f"grid_sampler(): expected grid to have size {coords} in last "
+                           f"dimension, but got grid with sizes {list(grid.shape)}")
+
+
 @register(aten.grid_sampler_2d.default)
 def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
     args = (x, grid, interpolation_mode, padding_mode, align_corners)
+    _check_grid(grid, 2)
     meta_check(aten.grid_sampler_2d.default, args)
     if not _grid_native(x, grid, interpolation_mode):
         return _fallback(aten.grid_sampler_2d.default, args)
@@ -478,6 +487,7 @@ def _grid3_geometry(x, grid, grad=None):
 @register(aten.grid_sampler_3d.default)
 def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
     args = (x, grid, interpolation_mode, padding_mode, align_corners)
+    _check_grid(grid, 3)
     if not _grid3_native(x, grid, interpolation_mode):
         return _fallback(aten.grid_sampler_3d.default, args)
     out = T.empty((*x.shape[:2], *grid.shape[1:4]), x.dtype)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.reduction import load, store  # template placeholders
 from neuron_eager.ops.registry import register
 

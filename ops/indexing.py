@@ -13,13 +13,13 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.views import meta_like
 
@@ -308,9 +308,51 @@ def contiguous(t: NeuronTensor) -> NeuronTensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+# -- argument checks the meta kernels leave out ------------------------------------------------
+# The kernels trust these (a 2-D index or a source of another shape made them read and write
+# outside their tensors); the wording and error types are the CPU's.
+def check_index_select(x, dim, index) -> None:
+    T.wrap_dim(dim, x.dim())
+    if index.dim() > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+    if index.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError("index_select(): Expected dtype int32 or int64 for index")
+
+
+def check_index_func(func: str, x, dim, index, source) -> None:
+    """index_add_ / index_reduce_ (`func`): index a vector of int32/int64, one per slice of
+    `source` along `dim`, whose other sizes are those of `x`."""
+    dim = T.wrap_dim(dim, x.dim())
+    if index.dim() > 1:
+        raise IndexError(f"{func}(): Index is supposed to be a vector, but got dim: "
+                         f"{index.dim()} with type: {T.dtype_name(index.dtype)} and size: "
+                         f"{list(index.shape)}")
+    if index.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError(f"{func}(): Expected dtype int32/int64 for index but got: "
+                           f"{T.dtype_name(index.dtype)}")
+    if x.dtype != source.dtype:
+        raise RuntimeError(f"{func}(): self ({T.dtype_name(x.dtype)}) and source "
+                           f"({T.dtype_name(source.dtype)}) must have the same scalar type")
+    if not (dim == 0 or dim < source.dim()):
+        raise IndexError(f"{func}(): Indexing dim {dim} is out of bounds of the source tensor "
+                         f"with dim {source.dim()}")
+    count = 1 if source.dim() == 0 else source.shape[dim]
+    if index.numel() != count:
+        raise RuntimeError(f"{func}(): Number of indices ({index.numel()}) should be equal to "
+                           f"source.size(dim): ({count}), for dim: {dim}")
+    xs, ss = list(x.shape), list(source.shape)
+    if x.dim() and source.dim():
+        del xs[dim], ss[dim]
+    if xs != ss:
+        raise RuntimeError(f"source tensor shape must match self tensor shape, excluding the "
+                           f"specified dimension. Got self.shape = {list(x.shape)} "
+                           f"source.shape = {list(source.shape)}")
+
+
 # -- index_select, embedding, index_add ------------------------------------------------------
 @register(aten.index_select.default)
 def index_select(x, dim, index):
+    check_index_select(x, dim, index)
     meta = meta_call(aten.index_select.default, x, dim, index)
     index = as_long(index)
     x1 = _as1d(x)
@@ -373,6 +415,7 @@ def _one(dtype):
 
 
 def _index_add(x, dim, index, source, alpha):
+    check_index_func("index_add_", x, dim, index, source)
     meta_call(aten.index_add.default, x, dim, index, source, alpha=alpha)
     index = as_long(index)
     x1, s1 = _as1d(x), _as1d(source)
@@ -453,6 +496,10 @@ def index_fill(x, dim, index, value):
             raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got "
                                f"tensor with {value.dim()} dimension(s).")
         value = value.item()
+    if index.dtype != torch.int64:
+        raise IndexError("index_fill_(): Expected dtype int64 for index.")
+    if index.dim() > 1:
+        raise RuntimeError("Index has to be a vector/scalar")
     meta_call(aten.index_fill.int_Scalar, x, dim, index, value)
     index = as_long(index)
     x1 = _as1d(x)
@@ -610,12 +657,22 @@ def _take_offsets(out, x, xstr, offsets, ostr):
 
 @register(aten.index.Tensor)
 def index(x, indices):
+    _check_indexed_here(x)
     shape, xstr, offsets, ostr = _plan(x, list(indices))
     return _take_offsets(T.empty(shape, x.dtype), x, xstr, offsets, ostr)
 
 
+def _check_indexed_here(x) -> None:
+    """A host tensor indexed by neuron indices: refused in CUDA's words (indices follow the
+    tensor they index, or stay on the host)."""
+    if not isinstance(x, NeuronTensor):
+        raise RuntimeError(f"indices should be either on cpu or on the same device as the "
+                           f"indexed tensor ({x.device})")
+
+
 def _index_put_into(dst, indices, values, accumulate):
     """dst[indices] = values (or += with accumulate), written in place into dst."""
+    _check_indexed_here(dst)
     if not isinstance(values, NeuronTensor):
         values = on_device(values) if values.dim() else T.from_cpu(values)
     if values.dtype != dst.dtype:
@@ -711,9 +768,7 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or "
                            f"amin but got {reduce}.")
-    if source.dtype != x.dtype:
-        raise RuntimeError(f"index_reduce_(): self ({_name(x.dtype)}) and source "
-                           f"({_name(source.dtype)}) must have the same scalar type")
+    check_index_func("index_reduce_", x, dim, index, source)
     meta_call(aten.index_reduce.default, x, dim, index, source, reduce,
               include_self=include_self)
     index = as_long(index)
@@ -734,3 +789,31 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
         mode = None if acc.dtype.is_floating_point else "floor"
         acc = aten.div.Tensor_mode(acc, counts, rounding_mode=mode)
     return _shaped(finish(acc, x.dtype), x)
+
+
+# -- one_hot ----------------------------------------------------------------------------------
+# one_hot is CompositeImplicitAutograd, and ATen skips its value checks on PrivateUse1 (as on
+# CUDA, where the scatter it uses asserts on the device; the arange == x path it takes here
+# has no such check): out-of-range classes gave rows of zeros. So it has a kernel on the
+# autograd key, checking as the CPU does (the host reads min and max).
+def one_hot(x, num_classes=-1):
+    if x.dtype != torch.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if x.numel() == 0:
+        if num_classes <= 0:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        return T.empty(tuple(x.shape) + (num_classes,), torch.int64)
+    low, high = (int(v) for v in aten.aminmax.default(x))
+    if low < 0:
+        raise RuntimeError("Class values must be non-negative.")
+    if num_classes == -1:
+        num_classes = high + 1
+    elif num_classes <= high:
+        raise RuntimeError("Class values must be smaller than num_classes.")
+    classes = aten.arange.default(num_classes, dtype=torch.int64, device=x.device)
+    return aten._to_copy.default(aten.eq.Tensor(aten.unsqueeze.default(x, -1), classes),
+                                 dtype=torch.int64)
+
+
+_autograd_lib = torch.library.Library("aten", "IMPL")
+_autograd_lib.impl("one_hot", one_hot, "AutogradPrivateUse1")

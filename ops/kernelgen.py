@@ -15,7 +15,7 @@ import numpy as np
 import numba
 from numba import njit
 
-from neuron_eager.ops import _compat, numerics
+from neuron_eager.ops import _compat, diskcache, jit, numerics
 
 JIT_OPTIONS = dict(error_model="numpy", nogil=True)
 
@@ -86,14 +86,31 @@ def elementwise_kernel(name: str, fn, nparams: int, kinds: tuple, codes: tuple, 
         stats["hits"] += 1
         return kernel
     src = _source(len(kinds), nparams, kinds, layout, stochastic)
-    namespace = {"fn": fn, "store": numerics.storer(out_code, stochastic)}
-    for i, (kind, code) in enumerate(zip(kinds, codes)):
-        namespace[f"load{i}"] = numerics.loader(code, compute)
-    kernel = jit_source(src, namespace, name)
+    recipes = {"fn": ("op", name), "store": ("storer", out_code, stochastic)}
+    recipes.update({f"load{i}": ("loader", code, compute) for i, code in enumerate(codes)})
+    kernel = None
+    folder = jit.plain_folder()
+    if folder is not None and getattr(fn, "py_func", fn) is _named_fn(name):
+        kernel, _ = diskcache.load(folder, src, recipes, name)
+        if kernel is not None:
+            jit.track(kernel)
+    if kernel is None:
+        namespace = {"fn": fn, "store": numerics.storer(out_code, stochastic)}
+        for i, code in enumerate(codes):
+            namespace[f"load{i}"] = numerics.loader(code, compute)
+        kernel = jit_source(src, namespace, name)
     if stochastic:
         kernel = numerics.with_noise(kernel)
     _kernels[key] = kernel
     return kernel
+
+
+def _named_fn(name: str):
+    """The scalar function a generated kernel file gets for op `name` (Note [Ops by name])."""
+    from neuron_eager.ops.elementwise import OPS_BY_NAME  # (elementwise imports this module)
+
+    op = OPS_BY_NAME.get(name)
+    return None if op is None else getattr(op.fn, "py_func", op.fn)
 
 
 def coalesce(shape, strides_list):

@@ -13,12 +13,12 @@ import ctypes
 
 import numpy as np
 import torch
-from numba import njit
 from numba.core.extending import get_cython_function_address
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops._compat import torch_lapack_library
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.meta import meta_run
 from neuron_eager.ops.registry import register
 

@@ -12,9 +12,9 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.linalg import (I32, JIT, F32, at, batch3, check_errors_kernel, check_float,
                                      finish, from_f, launch, lu_factor, new, to_f, view3,
                                      _binding)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import indexing as I
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten

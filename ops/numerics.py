@@ -12,10 +12,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
 from neuron_eager.device_sim import config
+from neuron_eager.ops.jit import njit
+from neuron_eager.ops.sourceline import warn_at_user_line
 
 # -- bit casts ---------------------------------------------------------------------------
 
@@ -258,6 +260,8 @@ def storer(code: str, stochastic: bool = False):
             fn = njit(inline="always")(lambda x: np.float64(np.float32(x)))
         elif code == "i64":
             fn = njit(inline="always")(lambda x: np.int64(np.int32(np.int64(x))))
+        elif code == "i64x":  # exact, for results wrapped and checked later (wrap_int64)
+            fn = njit(inline="always")(lambda x: np.int64(x))
         elif code == "b":
             fn = njit(inline="always")(lambda x: x != 0)
         else:
@@ -265,6 +269,47 @@ def storer(code: str, stochastic: bool = False):
             fn = njit(inline="always")(lambda x: cast(np.int64(x)))
         _storers[key] = fn
     return fn
+
+
+# -- int64 computed as int32 (TorchNeuron's policy) -------------------------------------------
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+int64_warned = False  # the data warning: once per process
+_wrap_warned: set = set()  # ops whose int64 results wrapped, warned once each
+
+
+def warn_int64_range(*values) -> None:
+    """Warn once when int64 values outside int32's range reach the device: host copies keep
+    them, but ops compute int64 as int32 (TorchNeuron's policy) and wrap them."""
+    global int64_warned
+    if int64_warned:
+        return
+    for v in values:
+        if isinstance(v, np.ndarray):
+            if v.dtype.kind == "f":  # inf and NaN have no integer value on any device (T5
+                v = v[np.isfinite(v)]  # casts log(0) = -inf to int64, then masks it out)
+            out = v.size and (v.min() < INT32_MIN or v.max() > INT32_MAX)
+        else:
+            out = isinstance(v, int) and not INT32_MIN <= v <= INT32_MAX
+        if out:
+            int64_warned = True
+            warn_at_user_line("int64 values outside the int32 range reached neuron: ops "
+                              "compute int64 as int32, as on Trainium (TorchNeuron's policy), "
+                              "so arithmetic on them and conversions to int64 wrap (copies "
+                              "from the host keep them).")
+            return
+
+
+def wrap_int64(values: np.ndarray, op: str) -> None:
+    """Exact int64 results of `op` (a sum, product or scan), wrapped to int32 in place as
+    Trainium computes them; the first wrap of each op warns, since the CPU keeps them."""
+    if values.size and (values.min() < INT32_MIN or values.max() > INT32_MAX):
+        if op not in _wrap_warned:
+            _wrap_warned.add(op)
+            warn_at_user_line(f"{op} of int64 values left the int32 range on neuron and "
+                              f"wrapped: ops compute int64 as int32, as on Trainium "
+                              f"(TorchNeuron's policy), where the CPU keeps 64 bits; compute "
+                              f"such values on the CPU if you need them.")
+        np.copyto(values, values.astype(np.int32))
 
 
 def encode_scalar(value, dtype: torch.dtype):

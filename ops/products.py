@@ -7,12 +7,12 @@ trace a diagonal view summed in fp32, _trilinear an einsum (bmm with fp32 accumu
 from __future__ import annotations
 
 import torch
-from numba import njit
 
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.indexing import meta_call
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten

@@ -13,11 +13,11 @@ import time
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten

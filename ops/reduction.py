@@ -13,11 +13,11 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -203,9 +203,13 @@ def _noisy(out_code: str):
     return njit(inline="always")(lambda v: rounder(v, np.random.randint(0, 4294967296)))
 
 
-def kernel(family: str, in_dtype: torch.dtype, out_dtype: torch.dtype, compute: str, op=None):
-    """The jitted row kernel of `family` for one storage format / output / compute type."""
+def kernel(family: str, in_dtype: torch.dtype, out_dtype: torch.dtype, compute: str, op=None,
+           exact: bool = False):
+    """The jitted row kernel of `family` for one storage format / output / compute type
+    (`exact`: int64 results stored whole, for numerics.wrap_int64)."""
     in_code, out_code = code(in_dtype, op or family), code(out_dtype, op or family)
+    if exact and out_code == "i64":
+        out_code = "i64x"
     stochastic = config.stochastic_rounding and out_code in ("bf16", "f16")
     key = (family, in_code, out_code, compute, stochastic)
     k = _kernels.get(key)
@@ -413,13 +417,15 @@ def _sum(op, x, dim, keepdim, dtype, mean=False):
         return on_empty(op, x, *([] if op in _ALL_DIMS else [dim, keepdim]), dtype=dtype)
     out = T.empty(out_shape(x, dims, keepdim), out_dtype)
     compute = "f32" if out_dtype.is_floating_point else "int"
-    k = kernel("sum", x.dtype, out_dtype, compute, op)
+    k = kernel("sum", x.dtype, out_dtype, compute, op, exact=True)
     n = x.numel() // max(out.numel(), 1)
     r = rows(x, dims)
     scratch = _NO_SCRATCH[compute]
     if r.by_column:
         scratch = np.empty(r.starts.size, _CAST[compute])
     launch(k, x, dims, [out], mean, _CAST[compute](n), scratch, np.empty_like(scratch))
+    if out_dtype == torch.int64:
+        numerics.wrap_int64(out._nd, "sum")
     return out
 
 
@@ -570,8 +576,10 @@ def std_mean(x, dim=None, *, correction=None, keepdim=False):
 def fold(op, x, dims, keepdim, mode, out_dtype, p=0.0):
     compute = "f32" if out_dtype.is_floating_point else "int"
     out = T.empty(out_shape(x, dims, keepdim), out_dtype)
-    launch(kernel("fold", x.dtype, out_dtype, compute, op), x, dims, [out], mode,
+    launch(kernel("fold", x.dtype, out_dtype, compute, op, exact=True), x, dims, [out], mode,
            _CAST[compute](p))
+    if out_dtype == torch.int64:
+        numerics.wrap_int64(out._nd, "prod" if mode == PROD else "reduction")
     return out
 
 

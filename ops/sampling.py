@@ -12,12 +12,13 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.copy import honours_device
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.random import default_generator, philox, uniform01
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.views import meta_like
@@ -247,19 +248,19 @@ def _like(x, dtype, memory_format):
     return empty_like(x, dtype=dtype, memory_format=memory_format)
 
 
-@register(aten.rand_like.default, aten.rand_like.generator)
+@honours_device(aten.rand_like.default, aten.rand_like.generator)
 def rand_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
               memory_format=None):
     return uniform_(_like(x, dtype, memory_format), generator=generator)
 
 
-@register(aten.randn_like.default, aten.randn_like.generator)
+@honours_device(aten.randn_like.default, aten.randn_like.generator)
 def randn_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
                memory_format=None):
     return normal_(_like(x, dtype, memory_format), generator=generator)
 
 
-@register(aten.randint_like.default, aten.randint_like.Tensor, aten.randint_like.low_dtype,
+@honours_device(aten.randint_like.default, aten.randint_like.Tensor, aten.randint_like.low_dtype,
           aten.randint_like.generator, aten.randint_like.Tensor_generator,
           aten.randint_like.low_generator_dtype)
 def randint_like(x, *bounds, generator=None, dtype=None, layout=None, device=None,

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
+from neuron_eager.ops import numerics
 from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.reduction import cast, load, store  # template placeholders
 from neuron_eager.ops.registry import register
 
@@ -49,9 +50,11 @@ def _scan(op, x, dim, dtype, mode):
         return R.on_empty(op, x, dim, dtype=dtype)
     out = T.empty(x.shape, out_dtype)
     compute = "f32" if out_dtype.is_floating_point else "int"
-    k = R.kernel("scan", x.dtype, out_dtype, compute, op)
+    k = R.kernel("scan", x.dtype, out_dtype, compute, op, exact=True)
     dstarts, dstride = _dest(out, dims[0] if dims else 0)
     R.launch(k, x, dims, [out], dstarts, dstride, mode)
+    if out_dtype == torch.int64:
+        numerics.wrap_int64(out._nd, "cumsum" if mode == CUMSUM else "cumprod")
     return out
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import histogram  # noqa: F401  (histc, bincount, histogram)
 from neuron_eager.ops import numerics
 from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.reduction import load, store  # template placeholders
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.scan import _dest, _merge_sort
@@ -624,14 +624,19 @@ def searchsorted_scalar(sorted_sequence, x, *, out_int32=False, right=False, sid
                    scalar=True)
 
 
+def _check_boundaries(boundaries) -> None:
+    if boundaries.dim() != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim("
+                           f"{boundaries.dim()})")
+
+
 @register(aten.bucketize.Tensor)
 def bucketize(x, boundaries, *, out_int32=False, right=False):
+    _check_boundaries(boundaries)
     return _search(aten.bucketize.Tensor, boundaries, x, out_int32, right)
 
 
 @register(aten.bucketize.Scalar)
 def bucketize_scalar(x, boundaries, *, out_int32=False, right=False):
-    if boundaries.dim() != 1:
-        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim("
-                           f"{boundaries.dim()})")
+    _check_boundaries(boundaries)
     return _search(aten.searchsorted.Scalar, boundaries, x, out_int32, right, scalar=True)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.activation import exp_f32, log_f32
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.tensor import dtype_name as _dtype_label
 from neuron_eager.ops.registry import register
 
@@ -146,15 +146,6 @@ def _kernel(key, make):
 
 
 # -- layout ------------------------------------------------------------------------------
-def wrap_dim(dim: int, ndim: int) -> int:
-    """`dim` as a non-negative index, with PyTorch's error when out of range."""
-    lo, hi = -max(ndim, 1), max(ndim, 1) - 1
-    if not lo <= dim <= hi:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], "
-                         f"but got {dim})")
-    return dim % max(ndim, 1)
-
-
 def _merge(shape, stride):
     """(size, stride) of dims that merge into one, or None."""
     sizes, (strides,) = kernelgen.coalesce(list(shape), [list(stride)])
@@ -189,7 +180,7 @@ def _out_dtype(x: NeuronTensor, half_to_float: bool) -> torch.dtype:
 
 
 def _forward(mode: str, x: NeuronTensor, dim: int, out_dtype: torch.dtype) -> NeuronTensor:
-    dim = wrap_dim(dim, x.dim())
+    dim = T.wrap_dim(dim, x.dim())
     out = T.empty(x.shape, out_dtype)
     if out.numel() == 0:
         return out
@@ -212,7 +203,7 @@ def _backward(log: bool, grad: NeuronTensor, output: NeuronTensor, dim: int,
     if grad.shape != output.shape:
         raise RuntimeError(f"grad_output shape {list(grad.shape)} does not match output shape "
                            f"{list(output.shape)}")
-    dim = wrap_dim(dim, grad.dim())
+    dim = T.wrap_dim(dim, grad.dim())
     out = T.empty(grad.shape, input_dtype)
     if out.numel() == 0:
         return out

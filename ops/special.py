@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops.activation import exp_f32, log1p_f32, log_f32, sin_f32
 from neuron_eager.ops.arithmetic import define
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -119,8 +119,21 @@ define("signbit", lambda x: np.signbit(x), [aten.signbit.default],
        operands=1, kind="always_bool")
 define("frac", lambda x: x - np.trunc(x), [aten.frac.default], [aten.frac_.default],
        operands=1, float_only=True)
-define("hypot", lambda a, b: np.sqrt(a * a + b * b), [aten.hypot.default],
-       [aten.hypot_.default], float_only=True)
+@njit
+def _hypot(a, b):
+    # scaled by the larger magnitude, so squares neither overflow nor underflow in fp32;
+    # an infinite side gives inf even beside NaN (IEEE hypot)
+    a, b = abs(a), abs(b)
+    if a == np.inf or b == np.inf:
+        return np.float32(np.inf)
+    big, small = (a, b) if a >= b else (b, a)
+    if big == 0 or big != big or small != small:
+        return big + small
+    r = small / big
+    return big * np.sqrt(np.float32(1) + r * r)
+
+
+define("hypot", _hypot.py_func, [aten.hypot.default], [aten.hypot_.default], float_only=True)
 define("nextafter", lambda a, b: np.nextafter(a, b), [aten.nextafter.default], float_only=True)
 
 _LOGIT = E.Elementwise("logit", _logit, nparams=2, kind="int_to_float", engine="scalar")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from neuron_eager.ops.activation import cos_f32, exp_f32, log_f32, sin_f32
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 
 f32 = np.float32

@@ -13,11 +13,11 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
 
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import special_bessel as B
 from neuron_eager.ops.activation import erf_f32, erfc_f32, exp_f32, log1p_f32, log_f32, sin_f32
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.special_polynomials import POLYNOMIALS

@@ -8,9 +8,9 @@ registers them.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from neuron_eager.ops.activation import acos_f32, cos_f32, sin_f32
+from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 
 f32 = np.float32

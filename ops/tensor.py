@@ -90,6 +90,9 @@ class NeuronStorage:
             self.block = core.hbm.malloc(nbytes)
         except OutOfMemory as e:
             self.block = None
+            if nbytes >= 1 << 63:  # no device has that: the size itself is wrong
+                raise RuntimeError(f"Storage size calculation overflowed: {nbytes} bytes is "
+                                   f"more than int64 holds") from None
             raise NeuronOutOfMemoryError(str(e)) from None
         self.buffer = self.block.buffer
 
@@ -99,6 +102,23 @@ class NeuronStorage:
             self.block = None
             if core is not None:  # None when the interpreter is tearing modules down
                 core.hbm.free(block)
+
+
+def check_device_index(device) -> None:
+    """Refuse `neuron:k` for k > 0, as CUDA refuses an ordinal it does not have."""
+    index = device.index if isinstance(device, torch.device) else device
+    if index not in (None, 0):
+        raise RuntimeError(f"neuron:{index} does not exist: this process simulates one "
+                           "NeuronCore (neuron:0); run one process per core, as torchrun does")
+
+
+def wrap_dim(dim: int, ndim: int) -> int:
+    """`dim` as a non-negative index, with PyTorch's error when out of range."""
+    lo, hi = -max(ndim, 1), max(ndim, 1) - 1
+    if not lo <= dim <= hi:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], "
+                         f"but got {dim})")
+    return dim % max(ndim, 1)
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -208,12 +228,23 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatcher(func, args, kwargs or {})
+        out = _dispatcher(func, args, kwargs or {})
+        if id(func) in _FOREACH_INPLACE:
+            _increment_version(args[0])  # Note [Foreach versions]
+        return out
 
     def __repr__(self, *, tensor_contents=None):
         from neuron_eager.ops.printing import tensor_repr
 
         return tensor_repr(self)
+
+    def record_stream(self, stream) -> None:
+        """Accepted, as on CUDA: kernels run at once on the host, so memory freed on one
+        stream is never still in use by another (torch.neuron.Stream is a Python object,
+        which the C++ method would refuse)."""
+        if getattr(stream, "device", None) is None or torch.device(stream.device).type != \
+                DEVICE.type:
+            raise RuntimeError(f"record_stream: expected a neuron stream, got {stream!r}")
 
     def __reduce_ex__(self, protocol):
         # torch.save and pickle: the data travels as a CPU tensor, through rebuild functions
@@ -266,16 +297,24 @@ class NeuronTensor(torch.Tensor):
         return object.__format__(self, format_spec)
 
     def __deepcopy__(self, memo):
+        # as on the CPU: views of one memory stay views of one new memory, and a Parameter's
+        # copy is a new Parameter without .grad (a plain tensor's copy keeps its grad)
         if id(self) in memo:
             return memo[id(self)]
-        with torch.no_grad():
-            copy = self.clone()
-        if self.requires_grad:
-            copy.requires_grad_(True)
+        memory = self._storage
+        new = memo.get(id(memory))
+        if new is None:
+            new = memo[id(memory)] = NeuronStorage(memory.nbytes)
+            new.buffer[:] = memory.buffer
+            memo.setdefault(id(memo), []).append(memory)  # (copy.deepcopy's keep-alive list)
+            core.launch("dma", memory.nbytes, 2 * memory.nbytes)
+        copy = make(new, self.shape, self.stride(), self.storage_offset(), self.dtype)
         if getattr(self, "_is_param", False):
             copy = torch.nn.Parameter(copy, requires_grad=self.requires_grad)
-        if self.grad is not None:
-            copy.grad = self.grad.__deepcopy__(memo)
+        else:
+            copy.requires_grad_(self.requires_grad)
+            if self.grad is not None:
+                copy.grad = self.grad.__deepcopy__(memo)
         memo[id(self)] = copy
         return copy
 
@@ -312,6 +351,25 @@ def _dispatch_not_ready(func, args, kwargs):
 
 
 _dispatcher = _dispatch_not_ready
+
+# Note [Foreach versions]
+# Autograd learns of an in-place write from the tensor's version counter, bumped in C++ (the
+# ADInplaceOrView kernel) before an op reaches Python. The in-place foreach ops have no such
+# kernel; the CPU's own kernels bump each tensor of `self`, and so must we, or an optimizer
+# step (foreach by default) on weights saved for backward is not seen: backward would
+# silently use the updated weights instead of raising "modified by an inplace operation".
+def _foreach_inplace_ops() -> frozenset:
+    ids = set()
+    for full in torch._C._dispatch_get_all_op_names():  # "aten::_foreach_add_.Scalar"
+        name, _, overload = full.partition(".")
+        if name.startswith("aten::_foreach_") and name.endswith("_"):
+            packet = getattr(torch.ops.aten, name[len("aten::"):])
+            ids.add(id(getattr(packet, overload or "default")))
+    return frozenset(ids)
+
+
+_FOREACH_INPLACE = _foreach_inplace_ops()
+_increment_version = torch._C._increment_version
 
 
 def set_dispatcher(fn) -> None:
@@ -442,15 +500,17 @@ def host_array(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def to_cpu(t: NeuronTensor) -> torch.Tensor:
-    """A contiguous CPU copy of `t` (Note [Host copies])."""
-    out = torch.empty(t.shape, dtype=t.dtype)
+def to_cpu(t: NeuronTensor, stride=None) -> torch.Tensor:
+    """A CPU copy of `t`, contiguous unless `stride` is given (Note [Host copies])."""
+    out = torch.empty(t.shape, dtype=t.dtype) if stride is None else \
+        torch.empty_strided(t.shape, stride, dtype=t.dtype)
     np.copyto(host_array(out), t._nd)
     return out
 
 
-def from_cpu(src: torch.Tensor) -> NeuronTensor:
-    """A new contiguous neuron tensor holding a copy of the CPU tensor `src`."""
-    out = empty(src.shape, src.dtype)
+def from_cpu(src: torch.Tensor, stride=None) -> NeuronTensor:
+    """A new neuron tensor holding a copy of the CPU tensor `src` (contiguous unless
+    `stride` is given)."""
+    out = empty(src.shape, src.dtype, stride)
     np.copyto(out._nd, host_array(src))
     return out

@@ -60,10 +60,32 @@ def _key(func, x, args, kwargs):
 
 
 def meta_like(x: torch.Tensor) -> torch.Tensor:
-    """A meta tensor with exactly x's size, stride, offset and dtype."""
+    """A meta tensor with exactly x's size, stride, offset and dtype, on a storage as large
+    as x's (as_strided may reach past x into the rest of its memory)."""
     extent = T.storage_extent(x.shape, x.stride(), x.storage_offset())
+    memory = x.__dict__.get("_storage")  # (a pending tensor has none: its own extent)
+    if memory is not None:
+        extent = max(extent, memory.nbytes // x.element_size())
     base = torch.empty(max(extent, 1), dtype=x.dtype, device="meta")
     return base.as_strided(x.shape, x.stride(), x.storage_offset())
+
+
+def check_in_storage(x, meta) -> None:
+    """Refuse a view layout (shape, stride, offset, ...) reaching past the memory of `x` (as
+    as_strided can)."""
+    memory = x.__dict__.get("_storage")  # (pending: a result's memory is its own extent)
+    if memory is not None:
+        check_fits(memory, *meta[:3], x.element_size())
+
+
+def check_fits(memory, size, stride, offset, itemsize) -> None:
+    """The CPU's error for a layout that does not fit in `memory` (a NeuronStorage)."""
+    need = T.storage_extent(size, stride, offset) * itemsize
+    if need > memory.nbytes:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, "
+            f"and itemsize {itemsize} requiring a storage size of {need} are out of bounds for "
+            f"storage of size {memory.nbytes}")
 
 
 def view_metadata(func, x, args, kwargs):
@@ -98,10 +120,14 @@ def normal_views_of(x):
 
 
 def make_view(func):
+    reaches_out = func is aten.as_strided.default
+
     def view(x, *args, **kwargs):
         if type(x) is not NeuronTensor:
             T.check_foreign(x)
         metas, many = view_metadata(func, x, args, kwargs)
+        if reaches_out:
+            check_in_storage(x, metas[0])
         storage = x._storage
         with normal_views_of(x):
             outs = [T.make_lazy(storage, *meta) for meta in metas]
@@ -127,6 +153,8 @@ def detach(x):
 def make_inplace_view(func):
     def view_(x, *args, **kwargs):
         (meta,), _ = view_metadata(func, x, args, kwargs)
+        if func is aten.as_strided_.default:
+            check_in_storage(x, meta)
         _compat.set_metadata(x, meta[0], meta[1], meta[2])
         T.refresh(x)
         return x
@@ -193,12 +221,7 @@ def set_source_storage_offset(x, storage, storage_offset, size, stride=()):
     if memory is None:
         raise T.device_error(storage.device)
     stride = tuple(stride) or T.contiguous_strides(size)
-    need = T.storage_extent(size, stride, storage_offset) * x.element_size()
-    if need > memory.nbytes:
-        raise RuntimeError(
-            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset "
-            f"{storage_offset}, and itemsize {x.element_size()} requiring a storage size of "
-            f"{need} are out of bounds for storage of size {memory.nbytes}")
+    check_fits(memory, size, stride, storage_offset, x.element_size())
     return _set_memory(x, memory, storage_offset, size, stride)
 
 

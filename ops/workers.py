@@ -22,7 +22,7 @@ import os
 import threading
 
 import numpy as np
-from numba import njit
+from neuron_eager.ops.jit import njit
 
 COUNT = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1, 8)  # the cores this process may run on
@@ -34,7 +34,7 @@ _sched_yield.restype = ctypes.c_int
 _sched_yield.argtypes = ()
 
 
-@njit(nogil=True)  # not cached: it calls a ctypes function
+@njit(nogil=True, cache=False)  # it calls a ctypes function (Numba cannot cache that)
 def _wait(flag, value, spins):
     """Spin until flag[0] >= value (True), or `spins` turns pass (False)."""
     for _ in range(spins):
@@ -44,7 +44,7 @@ def _wait(flag, value, spins):
     return flag[0] >= value
 
 
-@njit(nogil=True)  # not cached: it calls a ctypes function
+@njit(nogil=True, cache=False)  # it calls a ctypes function (Numba cannot cache that)
 def _finish_and_wait(done, seq, go, value, spins):
     done[0] = seq  # inside the nogil call: the caller finds the GIL free
     return _wait(go, value, spins)

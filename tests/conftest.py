@@ -1,17 +1,17 @@
+import os
+import tempfile
+
 import pytest
 import torch
 
-import neuron_eager
+# Kernels are cached on disk here (plain ones: ops/jit.py reads it when ops/ is imported), by
+# this process, the other test workers, their subprocesses and later runs; never in the
+# user's ~/.cache. Its fingerprint subfolder changes with any source edit: nothing stale is
+# reused. Tests of the cache itself set their own folders.
+os.environ.setdefault("NEURON_EAGER_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"neuron-eager-test-kernels-{os.getuid()}"))
 
-
-@pytest.fixture(autouse=True, scope="session")
-def _kernel_cache_dir(tmp_path_factory):
-    """Fused kernels cached on disk (and by subprocesses) go to this session's temp folder,
-    never to the user's ~/.cache."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("NEURON_EAGER_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
-    yield
-    patch.undo()
+import neuron_eager  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

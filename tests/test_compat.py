@@ -71,3 +71,25 @@ def test_prefer_512_bit_vectors():
     assert _compat.prefer_512_bit_vectors() == ("+avx512f" in features.split(","))
     if "+avx512f" in features.split(","):
         assert "-prefer-256-bit" in cpu_target.target_context.codegen()._tm_features
+
+
+def test_numba_function_cache_keeps_machine_code_where_and_as_told(tmp_path):
+    """The FunctionCache class from numba_function_cache saves to the folder given, under the
+    key given, and a fresh dispatcher of the same function loads it."""
+    import numba
+
+    cache = _compat.numba_function_cache(lambda: tmp_path, lambda fn: "the key")
+
+    def add_one(x):
+        return x + 1
+
+    def dispatcher():
+        d = numba.njit(add_one)
+        d._cache = cache(add_one)
+        return d
+
+    first = dispatcher()
+    assert first(1) == 2 and sum(first.stats.cache_misses.values()) == 1
+    assert list(tmp_path.glob("*add_one*.nbi"))
+    second = dispatcher()
+    assert second(2) == 3 and sum(second.stats.cache_hits.values()) == 1

@@ -303,8 +303,8 @@ def test_index_factories():
 
 
 def test_int64_outside_int32_warns_where_it_reaches_the_device():
-    copy_module = neuron_eager.ops.copy
-    copy_module._int64_warned = False
+    numerics = neuron_eager.ops.numerics  # (the flag lives there)
+    numerics.int64_warned = False
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # values that fit: no warning
         small = torch.tensor([5, -7]).to("neuron") + 1
@@ -314,15 +314,15 @@ def test_int64_outside_int32_warns_where_it_reaches_the_device():
                  lambda: torch.zeros(1, dtype=torch.int64, device="neuron").copy_(
                      torch.tensor([-2 ** 33])),
                  lambda: torch.arange(2 ** 33, 2 ** 33 + 4, device="neuron")):
-        copy_module._int64_warned = False
+        numerics.int64_warned = False
         with pytest.warns(UserWarning, match="int64 values outside the int32 range"):
             stored = make()
         if stored.numel() == 1:
             assert stored.cpu().item() in (2 ** 40, -2 ** 33)  # host copies keep them
-    copy_module._int64_warned = False
+    numerics.int64_warned = False
     with pytest.warns(UserWarning, match="conversions to int64 wrap"):
         torch.tensor([3e9], device="neuron").long()  # converted in int32, as computed
-    copy_module._int64_warned = False
+    numerics.int64_warned = False
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # inf and NaN have no integer value anywhere: no warning
         torch.tensor([0.0, 5.0], device="neuron").log().long()

@@ -531,9 +531,9 @@ s.exp().exp().cpu()
 def test_zero_dim_f16_chain_compiles_quickly():
     """Fused, this 0-dim float16 chain took LLVM ~2 minutes to compile (probably: its scalar
     operand makes every branch of the f16 conversions loop-invariant): 0-dim groups run op
-    by op."""
+    by op. (60 s: far from 2 minutes, and room for a loaded machine's imports.)"""
     try:
-        subprocess.run([sys.executable, "-c", ZERO_DIM_F16], env=os.environ, timeout=20,
+        subprocess.run([sys.executable, "-c", ZERO_DIM_F16], env=os.environ, timeout=60,
                        check=True, capture_output=True)
     except subprocess.TimeoutExpired:
-        pytest.fail("the fused kernel did not compile within 20 s")
+        pytest.fail("the fused kernel did not compile within 60 s")

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from neuron_eager import adaptive
-from neuron_eager.adaptive import codegen, diskcache, fusion
+from neuron_eager.adaptive import codegen, fusion
+from neuron_eager.ops import diskcache
 from neuron_eager.ops import elementwise as E
 
 from test_adaptive import both_modes, rand
@@ -124,7 +125,7 @@ def test_op_names_are_unique_definitions():
     assert all(op.name == name for name, op in E.OPS_BY_NAME.items())
     with pytest.raises(ValueError, match="two different elementwise ops"):
         E.Elementwise("mul", E.OPS_BY_NAME["add_plain"].fn)
-    assert codegen.resolve(("op", "mul")) is E.OPS_BY_NAME["mul"].fn
+    assert E.resolve(("op", "mul")) is E.OPS_BY_NAME["mul"].fn
 
 
 def test_old_fingerprint_folders_are_pruned(tmp_path):

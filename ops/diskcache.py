@@ -1,12 +1,14 @@
-"""Fused kernels on disk: content-hashed source files whose machine code Numba caches.
+"""Kernels on disk: content-hashed source files whose machine code Numba caches.
 
-A kernel is the file `k_<sha256 of its text>.py` in a folder named by a fingerprint of all
-the generated code depends on (Note [Kernel cache fingerprint]); its globals are rebuilt
-from recipes by `codegen.resolve`, its function is `@njit(cache=True)`, so Numba keeps the
-compiled code in `__pycache__` beside it and a later process loads instead of compiling.
-Files are written atomically and never changed once right. NEURON_EAGER_CACHE_DIR=<dir>
-moves the root (default `$XDG_CACHE_HOME` or ~/.cache, then neuron-eager/kernels),
-NEURON_EAGER_CACHE_DIR=off turns it off. Any failure warns once; the caller compiles in memory.
+A generated kernel (a fused one of adaptive eager, or a plain elementwise loop) is the file
+`k_<sha256 of its text>.py` in a folder named by a fingerprint of all the generated code
+depends on (Note [Kernel cache fingerprint]); its globals are rebuilt from recipes by
+`elementwise.resolve`, its function is `@njit(cache=True)`, so Numba keeps the compiled
+code in `__pycache__` beside it and a later process loads instead of compiling. The ops'
+own jitted functions keep theirs in the folder's `plain/` (jit.py). Files are written
+atomically and never changed once right. NEURON_EAGER_CACHE_DIR=<dir> moves the root
+(default `$XDG_CACHE_HOME` or ~/.cache, then neuron-eager/kernels), NEURON_EAGER_CACHE_DIR=off
+turns it off. Any failure warns once; the caller compiles in memory.
 """
 from __future__ import annotations
 
@@ -22,8 +24,6 @@ from pathlib import Path
 import llvmlite
 import numba
 import numpy as np
-
-from neuron_eager.ops import kernelgen
 
 ENV = "NEURON_EAGER_CACHE_DIR"
 _fingerprint: list = []  # computed once per process
@@ -64,7 +64,8 @@ def fingerprint() -> str:
         for part in (sys.implementation.cache_tag, numba.__version__, llvmlite.__version__,
                      np.__version__, repr(cpu_target.target_context.codegen().magic_tuple())):
             h.update(part.encode() + b"\0")
-        for directory in (Path(kernelgen.__file__).parent, Path(__file__).parent):
+        ops = Path(__file__).parent
+        for directory in (ops, ops.parent / "adaptive"):
             for path in sorted(directory.glob("*.py")):
                 h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
         _fingerprint.append(h.hexdigest()[:24])
@@ -79,7 +80,7 @@ def file_text(src: str, recipes: dict, label: str) -> str:
              "import numba",
              "import numpy as np",
              "",
-             "from neuron_eager.adaptive.codegen import resolve",
+             "from neuron_eager.ops.elementwise import resolve",
              "from neuron_eager.ops.kernelgen import JIT_OPTIONS",
              ""]
     lines += [f"{name} = resolve({recipe!r})" for name, recipe in recipes.items()]
@@ -95,17 +96,13 @@ def load(where: Path, src: str, recipes: dict, label: str):
     path = where / f"k_{digest}.py"
     try:
         written = _ensure(path, text)
-        if where not in _pruned:
-            _pruned.add(where)
-            try:
-                prune(where)
-            except OSError:  # a root we may not list or change: pruning is optional
-                pass
+        if where.name == fingerprint():
+            prune_once(where)
         return _import(path, f"neuron_eager_kernel_{digest}").kernel, written
     except Exception as e:  # noqa: BLE001  (OS errors, a broken file: never fatal)
         if str(where) not in _warned:
             _warned.add(str(where))
-            warnings.warn(f"adaptive eager: the kernel disk cache {where} is not usable, "
+            warnings.warn(f"neuron-eager: the kernel disk cache {where} is not usable, "
                           f"kernels compile in memory ({type(e).__name__}: {e}); set {ENV} "
                           f"to another folder, or to 'off'", RuntimeWarning, stacklevel=3)
         return None, False
@@ -118,6 +115,16 @@ def load(where: Path, src: str, recipes: dict, label: str):
 # installed version may still use a recent one; if it loses its folder it compiles again).
 KEEP = 3
 _pruned: set = set()
+
+
+def prune_once(current: Path) -> None:
+    """`prune(current)` the first time this process uses the folder `current`."""
+    if current not in _pruned:
+        _pruned.add(current)
+        try:
+            prune(current)
+        except OSError:  # a root we may not list or change: pruning is optional
+            pass
 
 
 def prune(current: Path, keep: int = KEEP) -> list[Path]:
@@ -144,7 +151,7 @@ def _is_fingerprint_folder(path: Path) -> bool:
             any(c not in "0123456789abcdef" for c in name):
         return False
     return all((p.name.startswith("k_") and p.suffix == ".py") or p.name == "__pycache__"
-               or p.name.startswith(".tmp-") for p in path.iterdir())
+               or p.name == "plain" or p.name.startswith(".tmp-") for p in path.iterdir())
 
 
 def _ensure(path: Path, text: str) -> bool:

@@ -1,0 +1,229 @@
+"""Bad arguments raise what the CPU raises (type and words) and change nothing, and valid
+calls that once ran wrong (a device argument ignored, a layout dropped) now give the
+CPU's answer. Each case runs the same program on the CPU and on neuron."""
+import copy
+import warnings
+
+import pytest
+import torch
+
+import neuron_eager
+from neuron_eager.ops import numerics
+
+
+def _outcome(fn, device):
+    try:
+        out = fn(device)
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e).splitlines()[0]  # (the CPU may append a printed tensor)
+    return out.cpu() if isinstance(out, torch.Tensor) else out
+
+
+def _t(device, values, **kwargs):
+    return torch.tensor(values, device=device, **kwargs)
+
+
+ERRORS = {
+    "index_select 2-D index": lambda d: torch.arange(5., device=d).index_select(
+        0, _t(d, [[1, 2]])),
+    "index_select float index": lambda d: torch.arange(5., device=d).index_select(
+        0, _t(d, [1.])),
+    "index_select dim": lambda d: torch.arange(5., device=d).index_select(1, _t(d, [1])),
+    "index_add source shape": lambda d: torch.zeros(3, 2, device=d).index_add(
+        0, _t(d, [0, 1]), torch.ones(2, 5, device=d)),
+    "index_add_ source shape": lambda d: torch.zeros(3, 2, device=d).index_add_(
+        0, _t(d, [0, 1]), torch.ones(2, 5, device=d)),
+    "index_add count": lambda d: torch.zeros(3, 2, device=d).index_add(
+        0, _t(d, [0, 1, 2]), torch.ones(2, 2, device=d)),
+    "index_add float index": lambda d: torch.zeros(3, 2, device=d).index_add(
+        0, _t(d, [0., 1.]), torch.ones(2, 2, device=d)),
+    "index_add 2-D index": lambda d: torch.zeros(3, 2, device=d).index_add(
+        0, _t(d, [[0, 1]]), torch.ones(2, 2, device=d)),
+    "index_add dtypes": lambda d: torch.zeros(3, 2, device=d).index_add(
+        0, _t(d, [0, 1]), torch.ones(2, 2, dtype=torch.int64, device=d)),
+    "index_fill float index": lambda d: torch.zeros(3, 2, device=d).index_fill(
+        0, _t(d, [0.]), 1.),
+    "index_fill 2-D index": lambda d: torch.zeros(3, 2, device=d).index_fill(
+        0, _t(d, [[0]]), 1.),
+    "index_reduce source shape": lambda d: torch.zeros(3, 2, device=d).index_reduce(
+        0, _t(d, [0, 1]), torch.ones(2, 5, device=d), "amax"),
+    "index_reduce count": lambda d: torch.zeros(3, 2, device=d).index_reduce(
+        0, _t(d, [0, 1, 2]), torch.ones(2, 2, device=d), "amax"),
+    "as_strided past the storage": lambda d: torch.zeros(10, device=d).as_strided(
+        (3,), (1,), 20),
+    "bucketize 2-D boundaries": lambda d: torch.bucketize(_t(d, [1., 2.]), _t(d, [[1., 2.]])),
+    "one_hot too large": lambda d: torch.nn.functional.one_hot(_t(d, [0, 5]), 3),
+    "one_hot negative": lambda d: torch.nn.functional.one_hot(_t(d, [-1]), 3),
+    "one_hot int32": lambda d: torch.nn.functional.one_hot(_t(d, [1], dtype=torch.int32), 3),
+    "embedding_bag last offset": lambda d: torch.nn.functional.embedding_bag(
+        _t(d, [0, 1]), torch.ones(3, 2, device=d), _t(d, [0, 3])),
+    "embedding_bag first offset": lambda d: torch.nn.functional.embedding_bag(
+        _t(d, [0, 1]), torch.ones(3, 2, device=d), _t(d, [1, 2])),
+    "cat of 0-dim tensors": lambda d: torch.cat([_t(d, 1.), _t(d, 2.)]),
+    "copy_ of another size": lambda d: torch.zeros(3, device=d).copy_(torch.ones(2, device=d)),
+    "copy_ that broadcasts out": lambda d: torch.zeros(3, device=d).copy_(
+        torch.ones(3, 3, device=d)),
+    "grid_sample grid of 3 coords": lambda d: torch.nn.functional.grid_sample(
+        torch.ones(1, 1, 3, 3, device=d), torch.zeros(1, 2, 2, 3, device=d),
+        align_corners=False),
+}
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_bad_arguments_raise_as_on_cpu(name):
+    cpu, neuron = _outcome(ERRORS[name], "cpu"), _outcome(ERRORS[name], "neuron")
+    assert isinstance(cpu, tuple), f"the CPU accepts this: {cpu}"
+    assert neuron == cpu
+
+
+def test_failed_index_add_changes_nothing():
+    x = torch.zeros(3, 2, device="neuron")
+    with pytest.raises(RuntimeError):
+        x.index_add_(0, _t("neuron", [0, 1]), torch.ones(2, 100000, device="neuron"))
+    assert torch.equal(x.cpu(), torch.zeros(3, 2))
+
+
+VALUES = {
+    "clamp with a NaN bound": lambda d: torch.clamp(_t(d, [1., 2.]), min=float("nan")),
+    "maximum of +-0 ties": lambda d: 1 / torch.maximum(_t(d, [0.0, -0.0]), _t(d, [-0.0, 0.0])),
+    "minimum of +-0 ties": lambda d: 1 / torch.minimum(_t(d, [0.0, -0.0]), _t(d, [-0.0, 0.0])),
+    "x ** 0.5 at -inf and -0": lambda d: (_t(d, [float("-inf"), -0.0, 4.0]) ** 0.5).nan_to_num(
+        nan=7.0).copysign(_t(d, [1.0, 1.0, 1.0])) * (1 / _t(d, [float("-inf"), -0.0, 4.0]) ** 0.5
+                                                     ).nan_to_num(nan=7.0).sign(),
+    "hypot at extremes": lambda d: torch.hypot(_t(d, [3e19, 3e-25, float("inf"), 0.0]),
+                                               _t(d, [4e19, 4e-25, float("nan"), 0.0])),
+    "cpu tensor, neuron index": lambda d: torch.arange(5.)[_t(d, [1, 3])] if d != "cpu" else
+    _outcome_error("indices should be either on cpu or on the same device as the indexed "
+                   "tensor (cpu)"),
+}
+
+
+def _outcome_error(message):
+    raise RuntimeError(message)
+
+
+@pytest.mark.parametrize("name", VALUES)
+def test_values_as_on_cpu(name):
+    cpu, neuron = _outcome(VALUES[name], "cpu"), _outcome(VALUES[name], "neuron")
+    if isinstance(cpu, tuple):
+        assert neuron == cpu
+    else:
+        torch.testing.assert_close(neuron, cpu, equal_nan=True, rtol=2e-7, atol=0)
+
+
+LIKE = [
+    lambda x, d: torch.zeros_like(x, device=d), lambda x, d: torch.ones_like(x, device=d),
+    lambda x, d: torch.full_like(x, 2.5, device=d), lambda x, d: torch.empty_like(x, device=d),
+    lambda x, d: torch.rand_like(x, device=d), lambda x, d: torch.randn_like(x, device=d),
+    lambda x, d: torch.randint_like(x, 5, device=d), lambda x, d: x.new_zeros(2, device=d),
+    lambda x, d: x.new_ones(2, device=d), lambda x, d: x.new_full((2,), 3., device=d),
+    lambda x, d: x.new_empty(2, device=d), lambda x, d: x.new_empty_strided((2,), (1,), device=d),
+]
+
+
+@pytest.mark.parametrize("k", range(len(LIKE)))
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_like_and_new_factories_make_their_result_where_asked(k, device):
+    x = torch.randn(3, 4, device="neuron").t()
+    out = LIKE[k](x, device)
+    expected = LIKE[k](x.cpu(), device)
+    assert out.device.type == device
+    assert (out.shape, out.dtype, out.stride()) == (expected.shape, expected.dtype,
+                                                     expected.stride())
+    if device == "cpu" and k in (0, 1, 2, 7, 8, 9):
+        assert torch.equal(out, expected)
+
+
+def test_to_meta_and_memory_formats_as_on_cpu():
+    x = torch.randn(2, 3, 4, 5)
+    n = x.to("neuron")
+    meta = n.t().to("meta") if n.dim() == 2 else n.permute(0, 2, 3, 1).to("meta")
+    assert meta.device.type == "meta" and meta.stride() == x.permute(0, 2, 3, 1).to(
+        "meta").stride()
+    cl = x.to("neuron", memory_format=torch.channels_last)
+    assert cl.is_contiguous(memory_format=torch.channels_last)
+    assert cl.stride() == x.to(memory_format=torch.channels_last).stride()
+    assert torch.equal(cl.cpu(), x)
+    assert n.permute(0, 2, 3, 1).cpu().stride() == x.permute(0, 2, 3, 1).clone().stride()
+    assert n.permute(0, 2, 3, 1).float().stride() == x.permute(0, 2, 3, 1).float().stride()
+    m = torch.nn.Conv2d(3, 4, 3).to("neuron").to(memory_format=torch.channels_last)
+    assert m.weight.is_contiguous(memory_format=torch.channels_last)
+    assert torch.nn.Linear(2, 2).to("neuron").to("meta").weight.device.type == "meta"
+    with torch.device("meta"):
+        empty = torch.nn.Linear(2, 2)
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        empty.to("neuron")
+    assert empty.to_empty(device="neuron").weight.device.type == "neuron"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.ones(2, device="neuron:1"), lambda: torch.ones(2).to("neuron:1"),
+    lambda: torch.ones(2, device="neuron").to("neuron:2"),
+    lambda: torch.zeros_like(torch.ones(2, device="neuron"), device="neuron:1"),
+    lambda: torch.arange(3, device="neuron:1")])
+def test_other_device_ordinals_are_refused(make):
+    with pytest.raises(RuntimeError, match="neuron:[12] does not exist"):
+        make()
+
+
+def test_record_stream_and_storage_numel_queries():
+    t = torch.ones(3, device="neuron")
+    t.record_stream(torch.neuron.current_stream())
+    t.record_stream(torch.Stream("neuron"))
+    with pytest.raises(RuntimeError, match="expected a neuron stream"):
+        t.record_stream(object())
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(torch.randn(5, device="neuron"), torch.ones(5, device="neuron"))
+        tangent = fwAD.unpack_dual(dual.sin()).tangent
+    assert torch.allclose(tangent.cpu(), fwAD.unpack_dual(dual).primal.cpu().cos())
+    assert neuron_eager.get_fallback_ops() == {}
+
+
+def test_deepcopy_as_on_cpu():
+    for device in ("cpu", "neuron"):
+        p = torch.nn.Parameter(torch.ones(2, device=device))
+        p.grad = torch.ones(2, device=device)
+        q = copy.deepcopy(p)
+        assert isinstance(q, torch.nn.Parameter) and q.grad is None and q.requires_grad
+        t = torch.ones(2, device=device, requires_grad=True)
+        t.grad = torch.full((2,), 3.0, device=device)
+        assert torch.equal(copy.deepcopy(t).grad.cpu(), torch.full((2,), 3.0))
+        a = torch.arange(6.0, device=device)
+        a2, view = copy.deepcopy([a, a[1:3]])
+        a2[1] = 100
+        assert view.cpu().tolist() == [100.0, 2.0] and a[1].item() == 1.0
+
+
+def test_barebones_unsigned_types_say_what_they_support():
+    x = torch.ones(3, dtype=torch.uint16, device="neuron")
+    with pytest.raises(NotImplementedError, match="add has no neuron kernel for torch.uint16"):
+        x + 1
+    assert torch.equal(x.to(torch.int32).cpu(), torch.ones(3, dtype=torch.int32))
+    assert torch.ones(2, device="neuron").to(torch.uint32).cpu().tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("program,op", [
+    (lambda: torch.arange(100000, device="neuron").sum(), "sum"),
+    (lambda: torch.full((3,), 2 ** 30, device="neuron").cumsum(0), "cumsum"),
+    (lambda: torch.arange(1, 16, device="neuron").prod(), "prod"),
+    (lambda: torch.arange(1, 4, device="neuron") * 2654435761, "mul"),
+    (lambda: torch.tensor([70000], device="neuron").pow(2), "pow"),
+])
+def test_int64_results_that_wrap_warn_and_wrap_as_int32(program, op, monkeypatch):
+    monkeypatch.setattr(numerics, "_wrap_warned", set())
+    with pytest.warns(UserWarning, match=f"{op} of int64 values left the int32 range"):
+        out = program()
+    exact = _on_cpu(program)  # the same program on the CPU, wrapped to int32 by hand
+    assert torch.equal(out.cpu(), exact.to(torch.int32).to(torch.int64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # results inside int32: no warning
+        assert torch.arange(10, device="neuron").sum().item() == 45
+        program()  # warned once per op
+
+
+def _on_cpu(program):
+    import inspect
+    source = inspect.getsource(program).split("lambda:")[1].split(', "')[0]
+    return eval(source.replace('"neuron"', '"cpu"'))
