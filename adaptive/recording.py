@@ -180,12 +180,29 @@ def _record(plan, args, kwargs):
             return None
         dtype, compute, shape = typed
         runner = None
+    if type(op) is not plans.Reduction and not _contiguous_result(operands, shape):
+        return None  # plain eager keeps the operands' dim order (Note [Output layout])
     out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE)
     node = _add_node(region, op, refs, params, raw, dtype, compute, shape, out)
     node.runner = runner
     if len(region.nodes) >= options.max_ops:
         flush("buffer limit")
     return out
+
+
+def _contiguous_result(operands, shape) -> bool:
+    """Whether plain eager gives this elementwise op's result contiguous strides (Note
+    [Output layout] in ops/elementwise.py), from metadata only: nothing pending runs."""
+    tensors = [a for a in operands if type(a) is NeuronTensor]
+    if all(a.numel() <= 1 or _contiguous(a) for a in tensors):
+        return True
+    return E.layout_for(shape, [(a.shape, a.stride()) for a in tensors]) is None
+
+
+def _contiguous(t) -> bool:
+    d = t.__dict__
+    node = d.get("_node")
+    return d.get("_key") is not None if node is None else node.stride is None
 
 
 # (op, operand signature from _refs) -> (dtype, compute type, shape), or False: run eagerly

@@ -481,8 +481,9 @@ def where(condition, x, y):
     if not isinstance(condition, torch.Tensor) or condition.dtype not in (torch.bool, torch.uint8):
         raise RuntimeError("where expected condition to be a boolean tensor")
     dtype = E.result_type(x, y)
-    shape = E.broadcast_shape([t.shape for t in (condition, x, y) if isinstance(t, E.NeuronTensor)])
-    out = E.T.empty(shape, dtype)
+    arrays = [t for t in (condition, x, y) if isinstance(t, E.NeuronTensor)]
+    shape = E.broadcast_shape([t.shape for t in arrays])
+    out = E.T.empty(shape, dtype, E.output_strides(arrays, shape))
     return E.launch(_WHERE, [condition, x, y], (), out, shape, numerics.compute_type(dtype))
 
 

@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch._prims_common import compute_elementwise_output_strides
 
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import kernelgen, numerics, workers
@@ -316,6 +317,40 @@ def check_castable(result_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
                            f"desired output type {T.dtype_name(out_dtype)}")
 
 
+# Note [Output layout]
+# A new elementwise result is laid out as TensorIterator lays out the CPU's and CUDA's: its
+# dims in the order the operands' strides give them (the first operand that orders a pair of
+# dims decides; broadcast dims do not), dense in that order. So `x.t() * 2` is transposed
+# like `x.t()`, a channels-last input gives a channels-last result, and `.view()` works on
+# the result exactly where it works on CUDA. Contiguous operands give contiguous results
+# without asking; other layouts are computed once per layout (prims' rule, on stand-ins).
+_layouts: dict = {}
+
+
+def output_strides(arrays, shape) -> tuple | None:
+    """The strides of a new result of shape `shape` computed from the neuron tensors
+    `arrays` (Note [Output layout]); None for contiguous."""
+    if all(a._key is not None or a.numel() <= 1 for a in arrays):
+        return None
+    return layout_for(shape, [(a.shape, a.stride()) for a in arrays])
+
+
+def layout_for(shape, layouts) -> tuple | None:
+    """`output_strides` from the operands' (shape, stride) pairs (None: contiguous)."""
+    key = (tuple(shape), *layouts)
+    strides = _layouts.get(key, False)
+    if strides is False:
+        stand_ins = [torch.empty_strided(size, stride, dtype=torch.uint8,
+                                         device="meta").expand(shape) for size, stride in layouts]
+        strides = tuple(compute_elementwise_output_strides(*stand_ins))
+        if strides == T.contiguous_strides(shape):
+            strides = None
+        if len(_layouts) > 4096:
+            _layouts.clear()
+        _layouts[key] = strides
+    return strides
+
+
 def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -> NeuronTensor:
     """Compute `op` elementwise and return the result (written into `out` if given).
 
@@ -333,7 +368,7 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
     arrays = [a for a in operands if isinstance(a, NeuronTensor)]
     shape = broadcast_shape([a.shape for a in arrays]) if arrays else ()
     if out is None:
-        out = T.empty(shape, result_dtype)
+        out = T.empty(shape, result_dtype, output_strides(arrays, shape))
     else:
         check_castable(result_dtype, out.dtype)
         if tuple(out.shape) != shape and arrays:
@@ -386,7 +421,9 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
     else:
         tensors = [out] + [a for a in args if isinstance(a, NeuronTensor)]
         strides = [list(out.stride())] + [broadcast_strides(a, shape) for a in tensors[1:]]
-        cshape, cstrides = kernelgen.coalesce(shape, strides)
+        order = memory_order(strides[0])  # (a transposed output merges like a plain one)
+        cshape, cstrides = kernelgen.coalesce([shape[d] for d in order],
+                                              [[st[d] for d in order] for st in strides])
         if len(cshape) > 4:
             return _run_sliced(op, operands, params, out)
         pad = 4 - len(cshape)
@@ -409,6 +446,11 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
         a.size * a.itemsize for a in args if isinstance(a, np.ndarray))
     core.launch(op.engine, n, moved)
     return out
+
+
+def memory_order(stride) -> list[int]:
+    """The dims from the largest stride to the smallest (ties keep their order)."""
+    return sorted(range(len(stride)), key=lambda d: -stride[d])
 
 
 def _run_sliced(op, operands, params, out):

@@ -9,6 +9,7 @@ Indices are validated on the whole index tensor before anything is written.
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -83,6 +84,9 @@ def _melt(v):
     return v
 
 
+_SIZE = re.compile(r"torch\.Size\((\[[^\]]*\])\)")
+
+
 def meta_call(op, *args, **kwargs) -> Meta:
     """Run `op` on meta stand-ins: the CPU's argument errors, and the result's layout.
 
@@ -98,7 +102,10 @@ def meta_call(op, *args, **kwargs) -> Meta:
         meta_stats["hits"] += 1
         return hit
     meta_stats["misses"] += 1
-    out = op(*_melt(args), **{k: _melt(v) for k, v in kwargs.items()})
+    try:
+        out = op(*_melt(args), **{k: _melt(v) for k, v in kwargs.items()})
+    except RuntimeError as e:  # the meta kernels print torch.Size([..]) where the CPU says [..]
+        raise type(e)(_SIZE.sub(r"\1", str(e))) from None
     result = Meta(tuple(out.shape), out.stride(), out.dtype)
     if key is not None:
         if len(_meta_cache) > 20000:

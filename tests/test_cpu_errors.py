@@ -63,6 +63,8 @@ ERRORS = {
     "copy_ of another size": lambda d: torch.zeros(3, device=d).copy_(torch.ones(2, device=d)),
     "copy_ that broadcasts out": lambda d: torch.zeros(3, device=d).copy_(
         torch.ones(3, 3, device=d)),
+    "gather index too large": lambda d: torch.zeros(3, 4, device=d).gather(
+        0, torch.zeros(5, 5, dtype=torch.long, device=d)),
     "grid_sample grid of 3 coords": lambda d: torch.nn.functional.grid_sample(
         torch.ones(1, 1, 3, 3, device=d), torch.zeros(1, 2, 2, 3, device=d),
         align_corners=False),

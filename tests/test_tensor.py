@@ -386,3 +386,27 @@ def test_copy_from_a_python_number():
         dev = torch.zeros(2, 3, dtype=dtype, device="neuron").t()
         cpu = torch.zeros(2, 3, dtype=dtype).t()
         assert torch.equal(dev.copy_(value).cpu(), cpu.copy_(value))
+
+
+LAYOUT_PROGRAMS = [
+    lambda x, cl: x.t() * 2, lambda x, cl: x.t() + x.t(), lambda x, cl: x.t() - x.t()[:, :1],
+    lambda x, cl: torch.ones(4, 1, device=x.device) + x.t(), lambda x, cl: cl + 1,
+    lambda x, cl: torch.relu(cl) * cl.contiguous(), lambda x, cl: torch.where(cl > 0, cl, 0.0),
+    lambda x, cl: (x.t() * 2).t().view(-1), lambda x, cl: x.t().float().half(),
+    lambda x, cl: cl.permute(0, 2, 3, 1).sigmoid(), lambda x, cl: x[:, ::2].t().exp(),
+]
+
+
+@pytest.mark.parametrize("adaptive_on", [False, True])
+@pytest.mark.parametrize("k", range(len(LAYOUT_PROGRAMS)))
+def test_elementwise_results_are_laid_out_as_on_cpu(k, adaptive_on):
+    """TensorIterator's output layout (Note [Output layout]): transposed and channels-last
+    operands give results in their dim order, in both modes, with the same values."""
+    x = torch.randn(3, 4)
+    cl = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    expected = LAYOUT_PROGRAMS[k](x, cl)
+    with neuron_eager.adaptive.adaptive_eager(adaptive_on):
+        for _ in range(3):  # (adaptive eager: op by op, then compiled, then cached)
+            out = LAYOUT_PROGRAMS[k](x.to("neuron"), cl.to("neuron"))
+            assert out.stride() == expected.stride()
+            torch.testing.assert_close(out.cpu(), expected, rtol=1e-6, atol=1e-6)

@@ -181,7 +181,10 @@ def test_views_of_pending_tensors_are_recorded():
     both_modes(update_through_view, x)
     adaptive.enable()
     adaptive.reset_stats()
-    ((x * 2).transpose(0, 1) + 1).cpu()
+    ((x * 2).view(24) + 1).cpu()
     assert adaptive.stats()["flush_reasons"] == {"aten::_to_copy": 1}  # the view did not flush
+    adaptive.reset_stats()  # a transposed operand gives a transposed result, run eagerly as
+    y = (x * 2).transpose(0, 1) + 1  # plain eager lays it out (Note [Output layout])
+    assert y.stride() == (1, 6) and adaptive.stats()["flush_reasons"] == {"aten::add.Tensor": 1}
     with pytest.raises(RuntimeError, match="invalid for input of size"):
         (x * 2).view(5, 5)
