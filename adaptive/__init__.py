@@ -14,6 +14,7 @@ tensor([3., 3., 3., 3.])
 from __future__ import annotations
 
 import contextlib
+import threading
 from math import prod
 
 from neuron_eager.device_sim import config
@@ -39,21 +40,39 @@ def is_enabled() -> bool:
     return recording.active
 
 
-@contextlib.contextmanager
-def adaptive_eager(enabled: bool = True):
-    """Adaptive eager inside the block; the previous mode after it (pending ops run first)."""
-    before = is_enabled()
+# Note [Blocks from many threads]
+# The mode is process-wide (autograd's backward records on its own thread), so blocks opened
+# by several threads overlap: the mode is the one asked for by the block opened last that is
+# still open, and when none is, the mode from before the first. A block that closes out of
+# order (thread A's while thread B's is still open) leaves B's mode in force.
+_blocks: list = []  # [token, enabled] of the open blocks, oldest first
+_mode_before_blocks = [False]
+_blocks_lock = threading.Lock()
+
+
+def _set(enabled: bool) -> None:
     if enabled:
         enable()
     else:
         disable()
+
+
+@contextlib.contextmanager
+def adaptive_eager(enabled: bool = True):
+    """Adaptive eager inside the block; the previous mode after it (pending ops run first).
+    Blocks in several threads combine as Note [Blocks from many threads] says."""
+    block = [object(), enabled]
+    with _blocks_lock:
+        if not _blocks:
+            _mode_before_blocks[0] = is_enabled()
+        _blocks.append(block)
+        _set(enabled)
     try:
         yield
     finally:
-        if before:
-            enable()
-        else:
-            disable()
+        with _blocks_lock:
+            _blocks.remove(block)
+            _set(_blocks[-1][1] if _blocks else _mode_before_blocks[0])
 
 
 def stats() -> dict:
@@ -75,9 +94,9 @@ def reset_stats() -> None:
 
 
 def explain(last: int = 5) -> str:
-    """The last regions run: why each was flushed, and per group its ops, the user lines
-    they were recorded at, how it ran (op by op, fused from the cache, compiled) and its
-    elements."""
+    """The `last` regions run (the latest 16 are kept): why each was flushed, and per group
+    its ops, the user lines they were recorded at, how it ran (op by op, fused: compiled,
+    loaded from the disk cache or a cache hit) and its elements."""
     lines = []
     for reason, count, plan, modes, wheres in list(fusion.history)[-last:]:
         lines.append(f"region of {count} ops, flushed by {reason}:")

@@ -90,7 +90,8 @@ def _is_red(node) -> bool:
 
 
 def _stride(node) -> tuple:
-    """The layout a node's value has in memory: contiguous, or a recorded view's."""
+    """The layout a node's value has in memory: contiguous, a recorded view's, or the one
+    plain eager gives a result of non-contiguous operands."""
     return node.stride if node.stride is not None else T.contiguous_strides(node.shape)
 
 
@@ -353,8 +354,7 @@ def _lay_out(region, g: Group) -> None:
     strides = []
     for j in g.stored:
         node = nodes[j]
-        stride = region.descs[node.target][2] if node.target is not None else \
-            T.contiguous_strides(node.shape)
+        stride = region.descs[node.target][2] if node.target is not None else _stride(node)
         strides.append(_strides_in(node.shape, stride, shape))
     for kind, ref in arrays:
         if kind == "n":
@@ -415,7 +415,7 @@ def _lay_out_row(region, g: Group) -> None:
         if g.roles[j] in ("red", "out"):  # the reduced result: rows contiguous
             strides.append(list(T.contiguous_strides(rows_shape)) + [0] * k)
         else:
-            strides.append(_strides_in(node.shape, T.contiguous_strides(node.shape), full))
+            strides.append(_strides_in(node.shape, _stride(node), full))
         sizes.append(prod(node.shape) * T.STORAGE_DTYPE[node.dtype].itemsize)
     for kind, ref in arrays:
         if kind == "n":
@@ -481,6 +481,8 @@ def _output(region, node):
     given at once to a pending tensor of the node if one is alive (no stand-in tensor)."""
     if node.target is not None:
         return region.read(node.target)
+    if node.stride is not None:  # a result laid out as its operands (Note [Output layout])
+        return T.empty(node.shape, node.dtype, node.stride)
     for ref in node.outs:
         t = ref()
         if t is not None and "_storage" not in t.__dict__:
@@ -492,6 +494,7 @@ def _run_fused(region, values, g: Group) -> str:
     """Launch the group's fused kernel (a batch: each member's loop, as one launch; Note
     [Batches]); returns how it ran. A member whose kernel does not compile runs op by op."""
     fused = compiled = 0
+    loaded = codegen.stats["disk_hits"]
     for member in g.batch:
         try:
             ran = _run_kernel(region, values, member, split=len(g.batch) == 1)
@@ -509,7 +512,9 @@ def _run_fused(region, values, g: Group) -> str:
     core.launch(g.batch_engine, g.elements, g.moved_total)
     stats["hbm_bytes_not_moved"] += g.not_moved_total
     stats["fused_kernels"] += 1
-    how = "fused (compiled)" if compiled else "fused (cache hit)"
+    loaded = codegen.stats["disk_hits"] - loaded  # (of the new kernels, those read from disk)
+    how = "fused (compiled)" if compiled > loaded else \
+        "fused (loaded from the disk cache)" if compiled else "fused (cache hit)"
     if len(g.batch) == 1:
         return how
     if fused < len(g.batch):

@@ -20,7 +20,7 @@ import torch
 from neuron_eager.device_sim import config
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import foreach
-from neuron_eager.ops import numerics, views
+from neuron_eager.ops import numerics, router, views
 from neuron_eager.ops.sourceline import user_frame, warn_at_user_line
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.router import native_counter
@@ -180,28 +180,30 @@ def _record(plan, args, kwargs):
             return None
         dtype, compute, shape = typed
         runner = None
-    if type(op) is not plans.Reduction and not _contiguous_result(operands, shape):
-        return None  # plain eager keeps the operands' dim order (Note [Output layout])
-    out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE)
+    # plain eager keeps the operands' dim order (Note [Output layout] in ops/elementwise.py)
+    stride = None if type(op) is plans.Reduction or op.dense_result else \
+        _result_strides(operands, shape)
+    out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE) if stride is None \
+        else _make_wrapper(NeuronTensor, shape, strides=stride, dtype=dtype, device=T.DEVICE)
     node = _add_node(region, op, refs, params, raw, dtype, compute, shape, out)
-    node.runner = runner
+    node.runner, node.stride = runner, stride
     if len(region.nodes) >= options.max_ops:
         flush("buffer limit")
     return out
 
 
-def _contiguous_result(operands, shape) -> bool:
-    """Whether plain eager gives this elementwise op's result contiguous strides (Note
-    [Output layout] in ops/elementwise.py), from metadata only: nothing pending runs."""
+def _result_strides(operands, shape):
+    """The strides plain eager gives this elementwise op's result (None: contiguous), from
+    metadata only: nothing pending runs."""
     tensors = [a for a in operands if type(a) is NeuronTensor]
     if all(a.numel() <= 1 or _contiguous(a) for a in tensors):
-        return True
-    return E.layout_for(shape, [(a.shape, a.stride()) for a in tensors]) is None
+        return None
+    return E.layout_for(shape, [(a.shape, a.stride()) for a in tensors])
 
 
 def _contiguous(t) -> bool:
     d = t.__dict__
-    node = d.get("_node")
+    node = d.get("_node")  # (a pending result's layout: contiguous, a view's, or strided)
     return d.get("_key") is not None if node is None else node.stride is None
 
 
@@ -486,13 +488,14 @@ def _is_view(func) -> bool:
 
 
 _UNSAFE_VIEW = aten._unsafe_view.default
+_REACHING_VIEWS = (aten.as_strided.default, aten.as_strided_.default)
 
 
 def _record_view(func, node: Node, args, kwargs):
     """A view of a pending tensor: another pending tensor on the same memory (no kernel);
     None to flush and run it eagerly."""
-    if _stochastic_rounding_on():
-        return None
+    if _stochastic_rounding_on() or func in _REACHING_VIEWS:
+        return None  # (as_strided may reach past the memory: run eagerly, which checks)
     for a in (*args[1:], *kwargs.values()):
         if type(a) is NeuronTensor:
             return None
@@ -687,3 +690,4 @@ def uninstall() -> None:
     if T._dispatcher is dispatch:  # plain eager pays nothing for adaptive eager being off
         T.set_dispatcher(_inner)
         _installed = False
+        router.drop_idle_profiler()  # (a profiler that stopped while this was on top)

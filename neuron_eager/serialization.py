@@ -7,18 +7,23 @@ crashed. So a storage mapped to neuron stays the CPU storage torch read, marked 
 target device, and each tensor torch rebuilds on a marked storage moves to neuron. The
 storage moves once, as bytes, and its tensors are views of that copy, so tensors that shared
 memory in the checkpoint (a parameter and a view of it) share it on the device too.
-(Checkpoints saved from neuron hold CPU tensors, NeuronTensor.__reduce_ex__, and load back
-onto neuron without a map_location.)
+(Checkpoints saved from neuron hold CPU storages tagged "neuron:0", Note [Saving
+storages] in ops/tensor.py, and load back onto neuron without a map_location.)
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch._utils
 import torch.serialization
 
 from neuron_eager import device as _device
+from neuron_eager.ops import tensor as _tensor
 
-_PRIORITY = 19  # before torch's own PrivateUse1 deserializer (23), after the CPU's (10)
+# before the CPU's (10): our tagger must see the CPU copies of neuron memory first, and our
+# deserializer runs before torch's PrivateUse1 one (23) either way
+_PRIORITY = 9
 
 
 def _target(location: str) -> torch.device | None:
@@ -43,8 +48,23 @@ def _deserialize(storage, location):
     return storage
 
 
-def _untag(storage) -> None:
-    return None  # neuron tensors pickle as CPU tensors: storages are never tagged neuron
+def _tag(storage) -> str | None:
+    """The location torch.save writes for a storage: "neuron:0" for the CPU copies of neuron
+    memory that the current save made (Note [Saving storages] in ops/tensor.py)."""
+    return "neuron:0" if _tensor.saved_here(storage) else None
+
+
+def _sharing_storages(save):
+    @functools.wraps(save)
+    def save_sharing_storages(*args, **kwargs):
+        _tensor.begin_save()
+        try:
+            return save(*args, **kwargs)
+        finally:
+            _tensor.end_save()
+
+    save_sharing_storages.__wrapped_by_neuron__ = True
+    return save_sharing_storages
 
 
 def _move(tensor: torch.Tensor) -> torch.Tensor:
@@ -64,7 +84,9 @@ def _move(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def install() -> None:
-    torch.serialization.register_package(_PRIORITY, _untag, _deserialize)
+    torch.serialization.register_package(_PRIORITY, _tag, _deserialize)
+    if not getattr(torch.save, "__wrapped_by_neuron__", False):
+        torch.save = torch.serialization.save = _sharing_storages(torch.serialization.save)
     restore = torch._utils._restore_device_fake_mode  # every rebuild of a tensor ends here
 
     def restore_then_move(tensor):

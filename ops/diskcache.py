@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -178,18 +179,22 @@ def _ensure(path: Path, text: str) -> bool:
     return True
 
 
+_import_lock = threading.Lock()  # (another thread must not take a half-run module)
+
+
 def _import(path: Path, name: str):
     """The module of a kernel file, under a name fixed by its content: Numba's cached code
     names the module it was compiled in, and imports it by that name when it loads."""
-    module = sys.modules.get(name)
-    if module is not None and module.__file__ == str(path):
+    with _import_lock:
+        module = sys.modules.get(name)
+        if module is not None and module.__file__ == str(path):
+            return module
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before the first call (see the docstring)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
         return module
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before the first call (see the docstring)
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module

@@ -33,6 +33,7 @@ class Elementwise:
     kind: str = "default"  # "default" | "int_to_float" | "always_bool"
     engine: str = "vector"  # the engine a Trainium kernel would use
     float_only: bool = False  # refuse integer/bool inputs as PyTorch does
+    dense_result: bool = False  # a new result is contiguous whatever its operands' layouts
 
     def __post_init__(self):
         if self.fn is not None:  # (None: a typing stand-in, never run)
@@ -58,7 +59,8 @@ def _definition(op: "Elementwise"):
     fn = getattr(op.fn, "py_func", op.fn)
     code = fn.__code__
     no_closure = fn.__closure__ is None or object()  # a closure never matches: cells differ
-    return (op.nparams, op.kind, op.engine, op.float_only, fn.__module__, code.co_code,
+    return (op.nparams, op.kind, op.engine, op.float_only, op.dense_result, fn.__module__,
+            code.co_code,
             code.co_consts, code.co_names, no_closure)
 
 

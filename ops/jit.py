@@ -20,7 +20,7 @@ import numba
 from neuron_eager.ops import _compat, diskcache
 
 _folder: list = []  # [Path | None], decided once per process
-_cached: list = []  # the dispatchers made here with the disk cache on
+_made: list = []  # the dispatchers made here and kernelgen's loops, for stats()
 
 # Note [Plain kernels on disk]
 # Numba's own cache (cache=True) keeps machine code in __pycache__ beside the source and
@@ -41,13 +41,12 @@ _cached: list = []  # the dispatchers made here with the disk cache on
 
 def njit(*args, **options):
     """`numba.njit`, caching compiled code on disk when the kernel folder is usable."""
-    wanted = options.pop("cache", True)
-    if plain_folder() is None or not wanted:
-        return numba.njit(*args, **options)
+    on_disk = options.pop("cache", True) and plain_folder() is not None
 
     def decorate(fn):
         dispatcher = numba.njit(**options)(fn)
-        dispatcher._cache = _FunctionCache(fn)  # what enable_caching() does, with our class
+        if on_disk:
+            dispatcher._cache = _FunctionCache(fn)  # enable_caching(), with our class
         return track(dispatcher)
 
     if args and callable(args[0]):
@@ -56,16 +55,16 @@ def njit(*args, **options):
 
 
 def track(dispatcher):
-    """Count a disk-cached dispatcher's loads and compiles in `stats()`; returns it."""
-    _cached.append(dispatcher)
+    """Count a dispatcher's compiles and disk loads in `stats()`; returns it."""
+    _made.append(dispatcher)
     return dispatcher
 
 
 def stats() -> dict:
-    """Signatures of plain eager's kernels loaded from disk and compiled in this process,
-    with the disk cache on."""
-    loaded = sum(sum(d.stats.cache_hits.values()) for d in _cached)
-    return dict(loaded=loaded, compiled=sum(sum(d.stats.cache_misses.values()) for d in _cached))
+    """Signatures of plain eager's kernels loaded from the disk cache and compiled in this
+    process."""
+    loaded = sum(sum(d.stats.cache_hits.values()) for d in _made)
+    return dict(loaded=loaded, compiled=sum(len(d.overloads) for d in _made) - loaded)
 
 
 def plain_folder() -> Path | None:

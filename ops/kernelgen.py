@@ -92,13 +92,12 @@ def elementwise_kernel(name: str, fn, nparams: int, kinds: tuple, codes: tuple, 
     folder = jit.plain_folder()
     if folder is not None and getattr(fn, "py_func", fn) is _named_fn(name):
         kernel, _ = diskcache.load(folder, src, recipes, name)
-        if kernel is not None:
-            jit.track(kernel)
     if kernel is None:
         namespace = {"fn": fn, "store": numerics.storer(out_code, stochastic)}
         for i, code in enumerate(codes):
             namespace[f"load{i}"] = numerics.loader(code, compute)
         kernel = jit_source(src, namespace, name)
+    jit.track(kernel)  # (in kernel_cache_stats)
     if stochastic:
         kernel = numerics.with_noise(kernel)
     _kernels[key] = kernel

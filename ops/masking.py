@@ -131,7 +131,8 @@ def nonzero(x):
 
 
 # -- masked ops ----------------------------------------------------------------------------
-_MASKED_FILL = E.Elementwise("masked_fill", njit(lambda x, m, v: v if m else x), nparams=1)
+_MASKED_FILL = E.Elementwise("masked_fill", njit(lambda x, m, v: v if m else x), nparams=1,
+                             dense_result=True)  # (the CPU fills a contiguous clone)
 
 
 def _check_mask(mask):

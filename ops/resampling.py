@@ -9,6 +9,8 @@ rounding once. Tensors are seen as planes (N*C) of D x H x W, unit tables paddin
 """
 from __future__ import annotations
 
+from functools import partial
+
 import math
 
 import numpy as np
@@ -140,11 +142,20 @@ def cubic_taps(size, out, align_corners, scale):
     return index, weights
 
 
-def aa_taps(size, out, align_corners, scale):
-    """Antialiased bilinear windows (_compute_weights_aa): a triangle filter widened by the
-    downscaling factor, weights normalised to sum 1."""
+def _keys_cubic(x):
+    """The antialiased bicubic filter: Keys' cubic with a = -0.5 (PIL's), in fp32."""
+    x, a = np.abs(x).astype(F32), F32(-0.5)
+    near = ((a + F32(2)) * x - (a + F32(3))) * x * x + F32(1)
+    far = (((x - F32(5)) * x + F32(8)) * x - F32(4)) * a
+    return np.where(x < 1, near, np.where(x < 2, far, F32(0))).astype(F32)
+
+
+def aa_taps(size, out, align_corners, scale, cubic=False):
+    """Antialiased windows (_compute_weights_aa): a triangle filter (bilinear) or Keys' cubic
+    (bicubic) widened by the downscaling factor, weights normalised to sum 1."""
     s = _scale(size, out, align_corners, scale)
-    support = F32(s) if s >= 1 else F32(1)
+    half = F32(2) if cubic else F32(1)  # half the filter's width
+    support = half * F32(s) if s >= 1 else half
     taps = int(math.ceil(support)) * 2 + 1
     invscale = F32(1) / s if s >= 1 else F32(1)
     index = np.zeros((out, taps), np.int64)
@@ -155,8 +166,9 @@ def aa_taps(size, out, align_corners, scale):
         xsize = min(int(np.float64(center + support) + 0.5), size) - xmin
         xsize = min(max(xsize, 0), taps)
         j = np.arange(xsize)
-        arg = (np.float64((j + xmin).astype(F32) - center) + 0.5) * np.float64(invscale)
-        w = np.maximum(F32(1) - np.abs(arg.astype(F32)), F32(0)).astype(F32)
+        arg = ((np.float64((j + xmin).astype(F32) - center) + 0.5) * np.float64(invscale)
+               ).astype(F32)
+        w = _keys_cubic(arg) if cubic else np.maximum(F32(1) - np.abs(arg), F32(0)).astype(F32)
         total = F32(w.sum(dtype=F32))
         if total != 0:
             w = (w / total).astype(F32)
@@ -267,22 +279,30 @@ for _op, _taps in ((aten.upsample_linear1d_backward.default, linear_taps),
                    (aten.upsample_bilinear2d_backward.default, linear_taps),
                    (aten.upsample_trilinear3d_backward.default, linear_taps),
                    (aten.upsample_bicubic2d_backward.default, cubic_taps),
-                   (aten._upsample_bilinear2d_aa_backward.default, aa_taps)):
+                   (aten._upsample_bilinear2d_aa_backward.default, aa_taps),
+                   (aten._upsample_bicubic2d_aa_backward.default,
+                    partial(aa_taps, cubic=True))):
     _register_interp(_op, _taps)
 
 
-@register(aten._upsample_bilinear2d_aa.default)
-def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
-    args = (x, output_size, align_corners, scales_h, scales_w)
-    meta = meta_check(aten._upsample_bilinear2d_aa.default, args)
-    if x.dtype in (torch.bfloat16, torch.float16):  # as the CPU, which has no 16-bit weights
-        raise NotImplementedError(
-            f'"compute_index_ranges_weights" not implemented for \'{T.dtype_name(x.dtype)}\'')
-    if not isinstance(x, NeuronTensor) or not x.dtype.is_floating_point or x.dim() != 4:
-        return _fallback(aten._upsample_bilinear2d_aa.default, args)
-    tables = [aa_taps(x.shape[2 + a], output_size[a], align_corners, s)
-              for a, s in enumerate((scales_h, scales_w))]
-    return resample(x, meta.shape, 2, tables)
+def _register_aa(op, cubic):
+    def kernel(x, output_size, align_corners, scales_h=None, scales_w=None):
+        args = (x, output_size, align_corners, scales_h, scales_w)
+        meta = meta_check(op, args)
+        if x.dtype in (torch.bfloat16, torch.float16):  # as the CPU: no 16-bit weights
+            raise NotImplementedError(f'"compute_index_ranges_weights" not implemented for '
+                                      f'\'{T.dtype_name(x.dtype)}\'')
+        if not isinstance(x, NeuronTensor) or not x.dtype.is_floating_point or x.dim() != 4:
+            return _fallback(op, args)
+        tables = [aa_taps(x.shape[2 + a], output_size[a], align_corners, s, cubic)
+                  for a, s in enumerate((scales_h, scales_w))]
+        return resample(x, meta.shape, 2, tables)
+
+    register(op)(kernel)
+
+
+_register_aa(aten._upsample_bilinear2d_aa.default, False)
+_register_aa(aten._upsample_bicubic2d_aa.default, True)
 
 
 def _register_pad(op, k):

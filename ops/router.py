@@ -125,11 +125,15 @@ def _with_host_read(kernel):
 
 
 _unprofiled = None  # the dispatcher that was installed before profiling began
+_in_chain = False  # _dispatch_profiled is in the dispatcher chain
+_profiling = False  # and records
 
 
 def _dispatch_profiled(func, args, kwargs):
     """The dispatcher while the profiler records: tags launches with (op, source line);
     nested ops keep the outermost op's source line (the user's line is the same)."""
+    if not _profiling:  # stopped while a later dispatcher (adaptive eager's) was on top
+        return _unprofiled(func, args, kwargs)
     clock = core.clock
     saved = clock.context
     source = saved[1] if saved is not None else "%s:%d" % user_frame()
@@ -142,18 +146,29 @@ def _dispatch_profiled(func, args, kwargs):
 
 def start_profiling() -> None:
     """Record every launch (called when torch.profiler starts)."""
-    global _unprofiled
-    if T._dispatcher is not _dispatch_profiled:
-        _unprofiled = T._dispatcher
+    global _unprofiled, _in_chain, _profiling
+    if not _in_chain:  # (if still in the chain, under another dispatcher: recording again)
+        _unprofiled, _in_chain = T._dispatcher, True
         T.set_dispatcher(_dispatch_profiled)
+    _profiling = True
     core.clock.start_recording()
 
 
 def stop_profiling() -> list:
     """Stop recording; returns the launch records (device_sim.clock.Record)."""
-    if T._dispatcher is _dispatch_profiled:
-        T.set_dispatcher(_unprofiled)
+    global _profiling
+    _profiling = False
+    drop_idle_profiler()
     return core.clock.stop_recording()
+
+
+def drop_idle_profiler() -> None:
+    """Take the profiler's dispatcher out of the chain once it is idle and on top (a
+    dispatcher installed after it, adaptive eager's, keeps it in until that one leaves)."""
+    global _in_chain
+    if _in_chain and not _profiling and T._dispatcher is _dispatch_profiled:
+        T.set_dispatcher(_unprofiled)
+        _in_chain = False
 
 
 # -- plans ---------------------------------------------------------------------------

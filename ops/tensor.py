@@ -8,6 +8,7 @@ the kernel dtype (16-bit floats as uint16 bit patterns), which kernels use.
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from functools import partial
 from math import prod
@@ -247,13 +248,27 @@ class NeuronTensor(torch.Tensor):
             raise RuntimeError(f"record_stream: expected a neuron stream, got {stream!r}")
 
     def __reduce_ex__(self, protocol):
-        # torch.save and pickle: the data travels as a CPU tensor, through rebuild functions
-        # that torch.load(weights_only=True) accepts; loading moves it back to neuron.
+        # torch.save and pickle: the data travels in CPU storages, through rebuild functions
+        # that torch.load(weights_only=True) accepts; loading moves it back to neuron (Note
+        # [Saving storages]).
         if getattr(self, "_is_param", False):
             return (torch._utils._rebuild_parameter,
                     (self.detach(), self.requires_grad, OrderedDict()))
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (to_cpu(self.detach()), self.dtype, str(self.device), self.requires_grad))
+        saved = getattr(_saving, "storages", None)
+        if saved is None:
+            return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                    (to_cpu(self.detach()), self.dtype, str(self.device), self.requires_grad))
+        memory = self._storage
+        entry = saved.get(id(memory))
+        if entry is None:  # the whole memory once, however many tensors view it
+            copy = _storage_to_host(memory)
+            entry = saved[id(memory)] = (copy, memory)  # (memory kept: its id stays unique)
+            _saving.tagged.add(copy._cdata)
+        typed = torch.storage.TypedStorage(wrap_storage=entry[0], dtype=self.dtype,
+                                           _internal=True)
+        return (torch._utils._rebuild_tensor_v2, (typed, self.storage_offset(),
+                                                   tuple(self.shape), self.stride(),
+                                                   self.requires_grad, OrderedDict()))
 
     @property
     def data(self):
@@ -289,6 +304,7 @@ class NeuronTensor(torch.Tensor):
         memory = storage._neuron_memory = self._storage  # for set_(storage): ops/views.py
         storage.data_ptr = partial(_storage_address, memory)
         storage.nbytes = storage.size = partial(_storage_nbytes, memory)
+        storage.cpu = partial(_storage_to_host, memory)
         return storage
 
     def __format__(self, format_spec):
@@ -305,7 +321,7 @@ class NeuronTensor(torch.Tensor):
         new = memo.get(id(memory))
         if new is None:
             new = memo[id(memory)] = NeuronStorage(memory.nbytes)
-            new.buffer[:] = memory.buffer
+            new.buffer[:memory.nbytes] = memory.buffer[:memory.nbytes]
             memo.setdefault(id(memo), []).append(memory)  # (copy.deepcopy's keep-alive list)
             core.launch("dma", memory.nbytes, 2 * memory.nbytes)
         copy = make(new, self.shape, self.stride(), self.storage_offset(), self.dtype)
@@ -346,11 +362,44 @@ def _storage_nbytes(memory: NeuronStorage) -> int:
     return memory.nbytes
 
 
+def _storage_to_host(memory: NeuronStorage) -> torch.UntypedStorage:
+    return torch.from_numpy(memory.buffer[:memory.nbytes].copy()).untyped_storage()
+
+
 def _dispatch_not_ready(func, args, kwargs):
     raise RuntimeError("neuron_eager.ops.router has not been imported")
 
 
 _dispatcher = _dispatch_not_ready
+
+# Note [Saving storages]
+# CUDA's torch.save writes each storage once, tagged "cuda:0", with its tensors as views
+# into it, so tensors that share memory (tied weights, a parameter and its view) load
+# sharing it again. Inside torch.save (neuron_eager.serialization wraps it), a neuron
+# tensor pickles the same way: a CPU copy of its whole memory, made once per save and
+# tagged "neuron:0", and its own offset, size and stride; torch.load then moves each
+# storage to neuron once (Note [Loading onto neuron]). Outside torch.save (pickle,
+# multiprocessing) each tensor still travels as its own CPU copy.
+_saving = threading.local()
+
+
+def begin_save() -> None:
+    """Start a torch.save: storages copied from here on are shared (nested saves too)."""
+    if getattr(_saving, "depth", 0) == 0:
+        _saving.storages, _saving.tagged = {}, set()
+    _saving.depth = getattr(_saving, "depth", 0) + 1
+
+
+def end_save() -> None:
+    _saving.depth -= 1
+    if _saving.depth == 0:
+        _saving.storages = _saving.tagged = None
+
+
+def saved_here(storage) -> bool:
+    """Whether `storage` (a CPU storage) is a neuron memory copied by the current save."""
+    tagged = getattr(_saving, "tagged", None)
+    return tagged is not None and storage._cdata in tagged
 
 # Note [Foreach versions]
 # Autograd learns of an in-place write from the tensor's version counter, bumped in C++ (the

@@ -116,3 +116,33 @@ def test_functions_of_one_name_cached_by_two_processes_stay_apart(tmp_path):
                               capture_output=True, text=True, timeout=600, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"]
+
+
+THREADS = textwrap.dedent("""
+    import threading, warnings
+    import torch, neuron_eager
+    warnings.simplefilter("error", RuntimeWarning)  # "the kernel disk cache ... is not usable"
+    errors = []
+    def work():
+        try:
+            x = torch.linspace(-1, 1, 100, device="neuron")
+            (x.exp() * 2 + x.sin() - x.abs()).cpu()
+        except Exception as e:
+            errors.append(repr(e))
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    print(errors)
+""")
+
+
+def test_threads_sharing_a_new_cache_folder_load_whole_modules(tmp_path):
+    """Several threads making the same new kernels at once: none may take another's
+    half-run kernel module (it warned that the folder was not usable)."""
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS)
+    env = dict(os.environ, NEURON_EAGER_CACHE_DIR=str(tmp_path / "kernels"))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "[]" and "not usable" not in done.stderr

@@ -104,3 +104,39 @@ def test_storages_print_index_and_set_like_the_cpus():
     with pytest.raises(RuntimeError):
         torch.empty(0).set_(c, 4, (3,))  # the CPU refuses too (its tensors' storages are fixed)
     assert neuron_eager.get_fallback_ops() == {}
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_saved_neuron_tensors_keep_sharing_memory_as_on_cuda(weights_only):
+    """Note [Saving storages]: one storage per memory, tagged neuron:0; tied weights and
+    views load sharing memory again, on neuron (or on the CPU with map_location="cpu")."""
+    for device in ("cpu", "neuron"):
+        m = torch.nn.Linear(4, 4).to(device)
+        emb = torch.nn.Embedding(4, 4).to(device)
+        emb.weight = m.weight  # tied
+        x = torch.arange(12.0, device=device)
+        saved = {"m": m.state_dict(), "emb": emb.weight, "x": x, "v": x[2:6].view(2, 2),
+                 "h": torch.ones(3, dtype=torch.bfloat16, device=device)}
+        buf = _saved(saved)
+        size = buf.getbuffer().nbytes
+        loaded = torch.load(buf, weights_only=weights_only)
+        assert loaded["x"].device.type == device and loaded["h"].dtype == torch.bfloat16
+        assert isinstance(loaded["emb"], torch.nn.Parameter)
+        loaded["x"][3] = 100
+        assert loaded["v"][0, 1].item() == 100
+        loaded["m"]["weight"][0, 0] = 7
+        assert loaded["emb"][0, 0].item() == 7
+        if device == "cpu":
+            cpu_size = size
+    assert size == pytest.approx(cpu_size, rel=0.05)  # tied weights written once, as on CPU
+    on_cpu = torch.load(_saved(saved), map_location="cpu", weights_only=weights_only)
+    assert on_cpu["x"].device.type == "cpu"
+    assert on_cpu["v"].untyped_storage().data_ptr() == on_cpu["x"].untyped_storage().data_ptr()
+
+
+def test_pickle_outside_torch_save_still_copies_each_tensor():
+    import pickle
+
+    x = torch.arange(6.0, device="neuron")
+    back = pickle.loads(pickle.dumps([x, x[1:3]]))
+    assert back[0].device.type == "neuron" and back[1].cpu().tolist() == [1.0, 2.0]

@@ -394,6 +394,8 @@ LAYOUT_PROGRAMS = [
     lambda x, cl: torch.relu(cl) * cl.contiguous(), lambda x, cl: torch.where(cl > 0, cl, 0.0),
     lambda x, cl: (x.t() * 2).t().view(-1), lambda x, cl: x.t().float().half(),
     lambda x, cl: cl.permute(0, 2, 3, 1).sigmoid(), lambda x, cl: x[:, ::2].t().exp(),
+    lambda x, cl: cl.masked_fill(cl > 0.5, -1.0) * 2, lambda x, cl: cl.clamp(-0.5, 0.5) + 1,
+    lambda x, cl: (cl ** 2).sum(1), lambda x, cl: (x.t() * 3).sum(-1, keepdim=True) + x.t(),
 ]
 
 
@@ -410,3 +412,10 @@ def test_elementwise_results_are_laid_out_as_on_cpu(k, adaptive_on):
             out = LAYOUT_PROGRAMS[k](x.to("neuron"), cl.to("neuron"))
             assert out.stride() == expected.stride()
             torch.testing.assert_close(out.cpu(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_storage_of_a_neuron_tensor_copies_to_the_host():
+    x = torch.arange(6.0, device="neuron")
+    host = x.untyped_storage().cpu()
+    assert host.device.type == "cpu" and host.nbytes() == 24
+    assert torch.equal(torch.empty(0).set_(host, 0, (6,), (1,)), torch.arange(6.0))

@@ -442,3 +442,51 @@ def test_detaching_a_pending_view_keeps_its_layout():
         plain = view(torch.tanh(x.to("neuron"))).detach()
         assert shown[:2] == (plain.stride(), plain.storage_offset())
         assert torch.equal(shown[2], plain.cpu())
+
+
+def test_as_strided_of_a_pending_tensor_is_checked_as_in_plain_eager():
+    adaptive.enable()
+    y = torch.ones(4, 6, device="neuron") * 2
+    with pytest.raises(RuntimeError, match="out of bounds for storage"):
+        y.as_strided((30,), (1,)).cpu()
+    assert torch.equal(((torch.ones(4, 6, device="neuron") * 2).as_strided((2, 3), (6, 1), 1)
+                        ).cpu(), torch.full((2, 3), 2.0))
+
+
+def test_blocks_in_two_threads_keep_the_latest_open_mode():
+    """Note [Blocks from many threads]: A opens, B opens, A closes (B's block still on),
+    B closes: back to the mode from before."""
+    adaptive.disable()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with adaptive.adaptive_eager():
+            a_in.set()
+            b_in.wait()
+        a_out.set()
+
+    def b():
+        a_in.wait()
+        with adaptive.adaptive_eager():
+            b_in.set()
+            a_out.wait()
+            seen["inside B after A left"] = adaptive.is_enabled()
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"inside B after A left": True} and not adaptive.is_enabled()
+
+
+def test_a_profiler_stopped_under_adaptive_eager_leaves_no_dispatcher_behind():
+    plain = T._dispatcher
+    for _ in range(2):  # (starting again while it is still in the chain must not loop)
+        with torch.profiler.profile() as prof:
+            adaptive.enable()
+            (torch.ones(4, device="neuron") * 2).sum().item()
+        assert any(e.key.startswith("neuron::") for e in prof.key_averages())
+    adaptive.disable()
+    assert T._dispatcher is plain

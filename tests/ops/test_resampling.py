@@ -28,6 +28,9 @@ def test_interpolate_1d_backward(cfg, seed):
     dict(mode="bicubic", scale_factor=1.6, align_corners=True),
     dict(mode="bilinear", size=(3, 9), antialias=True),
     dict(mode="bilinear", scale_factor=0.4, antialias=True, align_corners=True),
+    dict(mode="bicubic", size=(3, 9), antialias=True),
+    dict(mode="bicubic", scale_factor=0.4, antialias=True, align_corners=True),
+    dict(mode="bicubic", size=(13, 2), antialias=True),
 ])
 def test_interpolate_2d_backward(cfg, seed):
     check_op(lambda x: F.interpolate(x, **cfg), _rand(2, 3, 6, 5), grad=True)
