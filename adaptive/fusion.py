@@ -21,6 +21,7 @@ from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.sourceline import replay_at
 
 from . import codegen, plans, recording, rowgen
 
@@ -42,13 +43,13 @@ class Group:
 
     __slots__ = ("nodes", "stored", "shape", "spec", "arrays", "scalars", "engine",
                  "moved", "not_moved", "kernel", "kernel_new", "full", "k", "roles", "fixed",
-                 "view", "batch", "elements", "moved_total", "not_moved_total", "batch_engine",
+                 "alone", "batch", "elements", "moved_total", "not_moved_total", "batch_engine",
                  "aliased")
 
     def __init__(self, j: int, shape: tuple):
         self.nodes, self.shape, self.spec, self.kernel = [j], shape, None, None
         self.kernel_new = False
-        self.full, self.k, self.roles, self.fixed, self.view = None, 0, {}, False, False
+        self.full, self.k, self.roles, self.fixed, self.alone = None, 0, {}, False, False
         self.batch = (self,)  # the groups one launch runs (Note [Batches])
         self.aliased = frozenset()  # inputs the kernel reads through an output (_lay_out)
 
@@ -140,6 +141,14 @@ def _to_row_group(g: Group, region, j: int, in_shape: tuple) -> bool:
     return False
 
 
+def _alone(node) -> bool:
+    """Whether node makes a group of its own: a view (no kernel: its base's memory), or
+    int64 arithmetic, which plain eager computes exactly and wraps to int32 with a warning
+    (numerics.wrap_int64); op by op it warns at its line as plain eager does, where a fused
+    loop would wrap silently."""
+    return node.op is plans.VIEW or (node.dtype == torch.int64 and node.compute == "int")
+
+
 def _place(region, groups, group_of, last_read, j: int) -> int | None:
     """The index of the group node j joins, or None for a new group.
 
@@ -150,11 +159,11 @@ def _place(region, groups, group_of, last_read, j: int) -> int | None:
     [In-place ops] in recording.py). Reductions and row groups only extend the last group.
     """
     node = region.nodes[j]
-    if not groups or node.op is plans.VIEW:
-        return None  # a view is a group of its own: no kernel, its base's memory
+    if not groups or _alone(node):
+        return None
     last = len(groups) - 1
     g = groups[last]
-    if g.view:
+    if g.alone:
         g = None
     if _is_red(node):
         in_shape = _in_shape(region, node)
@@ -172,7 +181,7 @@ def _place(region, groups, group_of, last_read, j: int) -> int | None:
         lowest = max(lowest, last_read.get(node.target, 0))
     for gi in range(last, lowest - 1, -1):
         g = groups[gi]
-        if g.full is not None or g.view:
+        if g.full is not None or g.alone:
             continue
         shape = E.try_broadcast([g.shape, node.shape])
         if shape is None or (shape != g.shape and shape != node.shape):
@@ -210,7 +219,7 @@ def _plan(region, alive: list[bool]) -> Plan:
                 g.full, g.k = _in_shape(region, node), len(node.op.dims)
                 g.roles[j] = "red" if node.op.keepdim else "out"
             g.fixed = node.target is not None
-            g.view = node.op is plans.VIEW
+            g.alone = _alone(node)
             groups.append(g)
             gi = len(groups) - 1
         else:
@@ -450,13 +459,19 @@ def _resolve(region, values, kind, ref):
 
 
 def _run_ops(region, values, g: Group) -> None:
-    """The group's ops one by one, through the normal kernels."""
-    for j in g.all_nodes():
-        try:
-            _run_op(region, values, j)
-        except Exception as e:
-            e.adaptive_node = j  # which op it came from, for run_region's message
-            raise
+    """The group's ops one by one, through the normal kernels (their warnings point at the
+    lines that recorded them)."""
+    outer = replay_at(None)
+    try:
+        for j in g.all_nodes():
+            replay_at(region.nodes[j].where)
+            try:
+                _run_op(region, values, j)
+            except Exception as e:
+                e.adaptive_node = j  # which op it came from, for run_region's message
+                raise
+    finally:
+        replay_at(outer)
 
 
 def _run_op(region, values, j: int) -> None:

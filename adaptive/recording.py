@@ -195,16 +195,17 @@ def _record(plan, args, kwargs):
 def _result_strides(operands, shape):
     """The strides plain eager gives this elementwise op's result (None: contiguous), from
     metadata only: nothing pending runs."""
-    tensors = [a for a in operands if type(a) is NeuronTensor]
-    if all(a.numel() <= 1 or _contiguous(a) for a in tensors):
+    for a in operands:  # (one pass, no lists: this runs for every recorded op)
+        if type(a) is NeuronTensor:
+            d = a.__dict__
+            node = d.get("_node")  # a pending result: contiguous, a view's layout, or strided
+            dense = d.get("_key") is not None if node is None else node.stride is None
+            if not dense and a.numel() > 1:
+                break
+    else:
         return None
-    return E.layout_for(shape, [(a.shape, a.stride()) for a in tensors])
-
-
-def _contiguous(t) -> bool:
-    d = t.__dict__
-    node = d.get("_node")  # (a pending result's layout: contiguous, a view's, or strided)
-    return d.get("_key") is not None if node is None else node.stride is None
+    return E.layout_for(shape, [(a.shape, a.stride()) for a in operands
+                                if type(a) is NeuronTensor])
 
 
 # (op, operand signature from _refs) -> (dtype, compute type, shape), or False: run eagerly

@@ -19,7 +19,7 @@ from neuron_eager.ops import numerics
 from neuron_eager.ops.numerics import warn_int64_range
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import register
-from neuron_eager.ops.sourceline import warn_at_user_line
+from neuron_eager.ops.sourceline import called_from_torch_file, warn_at_user_line
 
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
@@ -29,6 +29,8 @@ _float64_warned = False
 def warn_float64(dtype: torch.dtype) -> None:
     global _float64_warned
     if dtype == torch.float64 and not _float64_warned:
+        if called_from_torch_file("amp", "grad_scaler.py"):
+            return  # unscale_ takes 1/scale through float64 on every device: not the user's
         _float64_warned = True
         warn_at_user_line("float64 on neuron is stored as float64 but computed in float32, as "
                           "on Trainium (TorchNeuron's policy); expect float32 precision.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 
 import torch
@@ -65,6 +66,31 @@ def _classify(code) -> bool:
     return internal
 
 
+_replaying = threading.local()  # .where: the recorded op adaptive eager is running now
+
+
+def replay_at(where: tuple[str, int] | None) -> tuple[str, int] | None:
+    """While adaptive eager runs a recorded op at a later sync point, warnings point at the
+    line that recorded it (`where`), not at the sync point; returns the previous setting."""
+    outer = getattr(_replaying, "where", None)
+    _replaying.where = where
+    return outer
+
+
 def warn_at_user_line(message: str, category=UserWarning) -> None:
-    filename, lineno = user_frame()
+    where = getattr(_replaying, "where", None)
+    filename, lineno = where if where is not None else user_frame()
     warnings.warn_explicit(message, category, filename, lineno)
+
+
+def called_from_torch_file(*parts: str) -> bool:
+    """Whether the innermost frame outside neuron-eager runs torch's file torch/<parts>."""
+    tail = os.path.join("torch", *parts)
+    ours = _internal_dirs()[1:]
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(ours):
+            return name.endswith(tail)
+        frame = frame.f_back
+    return False

@@ -2,6 +2,7 @@
 calls that once ran wrong (a device argument ignored, a layout dropped) now give the
 CPU's answer. Each case runs the same program on the CPU and on neuron."""
 import copy
+import sys
 import warnings
 
 import pytest
@@ -223,6 +224,23 @@ def test_int64_results_that_wrap_warn_and_wrap_as_int32(program, op, monkeypatch
         warnings.simplefilter("error")  # results inside int32: no warning
         assert torch.arange(10, device="neuron").sum().item() == 45
         program()  # warned once per op
+
+
+@pytest.mark.parametrize("sightings", [1, 3])  # op by op, then where the region would fuse
+def test_int64_wraps_warn_at_the_recorded_line_in_adaptive_eager(sightings, monkeypatch):
+    monkeypatch.setattr(numerics, "_wrap_warned", set())
+    x = torch.tensor([3, 5], device="neuron")
+    big = torch.tensor([2 ** 30, 5], device="neuron")
+    with neuron_eager.adaptive_eager():
+        for a in [x] * (sightings - 1) + [big]:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                b = a * 4; line = sys._getframe().f_lineno  # noqa: E702
+                c = b + 1
+                got = c.cpu()  # the sync point runs the region
+    assert torch.equal(got, (big.cpu() * 4 + 1).to(torch.int32).to(torch.int64))
+    wraps = [w for w in caught if "left the int32 range" in str(w.message)]
+    assert [(w.filename, w.lineno) for w in wraps] == [(__file__, line)]
 
 
 def _on_cpu(program):

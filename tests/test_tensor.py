@@ -236,6 +236,23 @@ def test_float64_warns_once_and_computes_in_float32():
         torch.ones(2, dtype=torch.float64).to("neuron")  # once only
 
 
+def test_grad_scaler_does_not_warn_of_float64():
+    # unscale_ takes 1/scale through float64 on every device; the user asked for no float64
+    neuron_eager.ops.copy._float64_warned = False
+    m = torch.nn.Linear(4, 2).to("neuron")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("neuron"):
+            loss = m(torch.randn(3, 4, device="neuron")).float().sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    with pytest.warns(UserWarning, match="float64 on neuron"):  # still told of its own
+        torch.ones(2, dtype=torch.float64, device="neuron")
+
+
 def test_int64_is_computed_in_32_bits():
     x = torch.tensor([2**31 - 1, 5]).to("neuron")
     y = (x + 1).cpu()
