@@ -60,6 +60,10 @@ class Config:
     # ... and --auto-cast-type: the type they are rounded to ("bf16", "fp16" or "tf32").
     auto_cast_type: str = field(
         default_factory=lambda: os.environ.get("NEURON_EAGER_AUTO_CAST_TYPE", "bf16"))
+    # Large float32 add/sub/mul/div results written with streaming stores (ops/streaming.py):
+    # a host-speed setting, the bits are the same either way.
+    streaming_stores: bool = field(
+        default_factory=lambda: _flag("NEURON_EAGER_STREAMING_STORES", True))
 
     def __setattr__(self, name, value):
         if name in _CHOICES and value not in _CHOICES[name][0]:

@@ -16,7 +16,7 @@ import torch
 from torch._prims_common import compute_elementwise_output_strides
 
 from neuron_eager.device_sim import config, core
-from neuron_eager.ops import kernelgen, numerics, workers
+from neuron_eager.ops import kernelgen, numerics, streaming, workers
 from neuron_eager.ops import tensor as T
 
 NeuronTensor = T.NeuronTensor
@@ -282,8 +282,8 @@ def _run_contiguous(op: Elementwise, operands, params):
         args += [cast(p) for p in params]
     if n < SPLIT_MIN:
         kernel(out_arr, *args)
-    else:
-        workers.split_call(kernel, out_arr, args)
+    else:  # a result too large to stay in the cache is written around it
+        workers.split_call(streaming.kernel_for(op.name, out_arr, args) or kernel, out_arr, args)
     if exact:
         numerics.wrap_int64(out_arr, _user_name(op))
     core.launch(op.engine, n, n * out_arr.itemsize * (1 + len(operands)))
