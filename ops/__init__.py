@@ -3,6 +3,7 @@ from neuron_eager.ops import tensor  # noqa: F401  (renames PrivateUse1 first)
 from neuron_eager.ops import router  # noqa: F401
 from neuron_eager.ops import (  # noqa: F401
     activation,
+    advanced_indexing,
     amp,
     arithmetic,
     attention,

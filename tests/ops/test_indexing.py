@@ -1,4 +1,4 @@
-"""Indexing family (ops/indexing.py, ops/masking.py, ops/arrange.py) against the CPU."""
+"""Indexing family (ops/indexing.py, advanced_indexing.py, masking.py, arrange.py) vs the CPU."""
 import pytest
 import torch
 import torch.nn.functional as F
