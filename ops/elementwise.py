@@ -60,8 +60,7 @@ def _definition(op: "Elementwise"):
     code = fn.__code__
     no_closure = fn.__closure__ is None or object()  # a closure never matches: cells differ
     return (op.nparams, op.kind, op.engine, op.float_only, op.dense_result, fn.__module__,
-            code.co_code,
-            code.co_consts, code.co_names, no_closure)
+            code.co_code, code.co_consts, code.co_names, no_closure)
 
 
 def resolve(recipe: tuple):

@@ -74,7 +74,8 @@ def dispatch(func, args, kwargs):
         return entry[0](*args, **kwargs)
     plan = _plans.get(func)
     if plan is None:
-        plan = _plans[func] = _make_plan(func)
+        plan = _make_plan(func)
+        _plans[func] = _plan_bumping_versions(plan) if id(func) in T.FOREACH_INPLACE else plan
     return plan(func, args, kwargs)
 
 
@@ -83,6 +84,8 @@ def _entry(func) -> list:
     check = func not in DEVICE_CHECK_EXEMPT and not getattr(kernel, "checks_devices", False)
     if kernel is not None and func in _HOST_READS:
         kernel = _with_host_read(kernel)
+    if kernel is not None and id(func) in T.FOREACH_INPLACE:
+        kernel = _bumping_versions(kernel)
     entry = [kernel, check, 0]
     if kernel is not None:
         _entries[id(func)] = entry
@@ -169,6 +172,27 @@ def drop_idle_profiler() -> None:
     if _in_chain and not _profiling and T._dispatcher is _dispatch_profiled:
         T.set_dispatcher(_unprofiled)
         _in_chain = False
+
+
+# In-place foreach ops bump the versions of the tensors they write (Note [Foreach versions]
+# in ops/tensor.py): their kernels and plans are wrapped once, when first looked up.
+def _bumping_versions(kernel):
+    def run(tensors, *args, **kwargs):
+        out = kernel(tensors, *args, **kwargs)
+        torch._C._increment_version(tensors)
+        return out
+
+    run.checks_devices = getattr(kernel, "checks_devices", False)
+    return run
+
+
+def _plan_bumping_versions(plan):
+    def run(func, args, kwargs):
+        out = plan(func, args, kwargs)
+        torch._C._increment_version(args[0])
+        return out
+
+    return run
 
 
 # -- plans ---------------------------------------------------------------------------

@@ -229,10 +229,7 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        out = _dispatcher(func, args, kwargs or {})
-        if id(func) in _FOREACH_INPLACE:
-            _increment_version(args[0])  # Note [Foreach versions]
-        return out
+        return _dispatcher(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None):
         from neuron_eager.ops.printing import tensor_repr
@@ -401,12 +398,14 @@ def saved_here(storage) -> bool:
     tagged = getattr(_saving, "tagged", None)
     return tagged is not None and storage._cdata in tagged
 
+
 # Note [Foreach versions]
 # Autograd learns of an in-place write from the tensor's version counter, bumped in C++ (the
 # ADInplaceOrView kernel) before an op reaches Python. The in-place foreach ops have no such
 # kernel; the CPU's own kernels bump each tensor of `self`, and so must we, or an optimizer
 # step (foreach by default) on weights saved for backward is not seen: backward would
 # silently use the updated weights instead of raising "modified by an inplace operation".
+# The router wraps these ops' kernels and plans once (off the hot path): ops/router.py.
 def _foreach_inplace_ops() -> frozenset:
     ids = set()
     for full in torch._C._dispatch_get_all_op_names():  # "aten::_foreach_add_.Scalar"
@@ -417,8 +416,7 @@ def _foreach_inplace_ops() -> frozenset:
     return frozenset(ids)
 
 
-_FOREACH_INPLACE = _foreach_inplace_ops()
-_increment_version = torch._C._increment_version
+FOREACH_INPLACE = _foreach_inplace_ops()  # ids of the in-place foreach overloads
 
 
 def set_dispatcher(fn) -> None:
