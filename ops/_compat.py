@@ -302,7 +302,6 @@ def prefer_512_bit_vectors() -> bool:
     return True
 
 
-
 def numba_function_cache(folder, function_key):
     """A Numba FunctionCache class (what `cache=True` installs on a dispatcher) keeping
     machine code in the folder `folder()` names, under keys from `function_key(py_func)`

@@ -119,7 +119,6 @@ define("signbit", lambda x: np.signbit(x), [aten.signbit.default],
        operands=1, kind="always_bool")
 define("frac", lambda x: x - np.trunc(x), [aten.frac.default], [aten.frac_.default],
        operands=1, float_only=True)
-@njit
 def _hypot(a, b):
     # scaled by the larger magnitude, so squares neither overflow nor underflow in fp32;
     # an infinite side gives inf even beside NaN (IEEE hypot)
@@ -133,7 +132,7 @@ def _hypot(a, b):
     return big * np.sqrt(np.float32(1) + r * r)
 
 
-define("hypot", _hypot.py_func, [aten.hypot.default], [aten.hypot_.default], float_only=True)
+define("hypot", _hypot, [aten.hypot.default], [aten.hypot_.default], float_only=True)
 define("nextafter", lambda a, b: np.nextafter(a, b), [aten.nextafter.default], float_only=True)
 
 _LOGIT = E.Elementwise("logit", _logit, nparams=2, kind="int_to_float", engine="scalar")

@@ -151,9 +151,11 @@ def detach(x):
 
 
 def make_inplace_view(func):
+    reaches_out = func is aten.as_strided_.default
+
     def view_(x, *args, **kwargs):
         (meta,), _ = view_metadata(func, x, args, kwargs)
-        if func is aten.as_strided_.default:
+        if reaches_out:
             check_in_storage(x, meta)
         _compat.set_metadata(x, meta[0], meta[1], meta[2])
         T.refresh(x)
