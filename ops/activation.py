@@ -18,7 +18,7 @@ from neuron_eager.ops.fastmath import (cos_f32, erf_f32, exp_f32, log_f32, sigmo
                                       sin_f32, tanh_f32)
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
-from neuron_eager.ops.registry import register
+from neuron_eager.ops.registry import before_decomposition, register
 
 aten = torch.ops.aten
 f32 = np.float32
@@ -368,6 +368,7 @@ define("hardsigmoid_backward", lambda g, x: g * _ONE_SIXTH if (x > -_3 and x < _
        [aten.hardsigmoid_backward.default])
 define("hardswish_backward", _hardswish_backward, [aten.hardswish_backward.default])
 define("mish_backward", _mish_backward, [aten.mish_backward.default], engine="scalar")
+before_decomposition(aten.silu_backward.default, aten.mish_backward.default)
 define("hardshrink_backward", _shrink_backward, [aten.hardshrink_backward.default],
        params=[("lambd", 0.5)])
 define("softshrink_backward", _shrink_backward, [aten.softshrink_backward.default],
@@ -378,7 +379,9 @@ _ELU_BACKWARD = E.Elementwise("elu_backward", njit(**JIT_OPTIONS)(_elu_backward)
                               engine="scalar")
 _ELU_BACKWARD_RESULT = E.Elementwise("elu_backward_result",
                                      njit(**JIT_OPTIONS)(_elu_backward_result), 3)
-_GELU_BACKWARD = E.Elementwise("gelu_backward", njit(**JIT_OPTIONS)(_gelu_backward),
+# inlined by Numba: with erf and exp inside, LLVM leaves it a call and the loop scalar (8x)
+_GELU_BACKWARD = E.Elementwise("gelu_backward",
+                               njit(inline="always", **JIT_OPTIONS)(_gelu_backward),
                                engine="scalar")
 _GELU_TANH_BACKWARD = E.Elementwise("gelu_tanh_backward",
                                     njit(**JIT_OPTIONS)(_gelu_tanh_backward), engine="scalar")

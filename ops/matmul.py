@@ -219,6 +219,7 @@ def gemm_f32_kernel(out, a, b, c, g, alpha, beta):
     a1, a2, ar, am, ak = g[6], g[7], g[8], g[9], g[10]
     b1, b2, br, bk, bn = g[11], g[12], g[13], g[14], g[15]
     c1, c2, cm, cn, use_c = g[16], g[17], g[18], g[19], g[20]
+    uak, ubn, ucn = np.uint64(ak), np.uint64(bn), np.uint64(cn)
     acc = np.empty((M, N), np.float32)
     part = np.empty((M, N), np.float32)
     for j1 in range(B1):
@@ -231,22 +232,28 @@ def gemm_f32_kernel(out, a, b, c, g, alpha, beta):
                     kt = min(TILE_K, K - k0)
                     ap = np.empty((M, kt), np.float32)
                     bp = np.empty((kt, N), np.float32)
+                    # offsets unsigned (strides are never negative): with signed ones Numba
+                    # selects for negative wraparound and the copies stay scalar (3x slower)
                     for i in range(M):
+                        src = np.uint64(abase + i * am + k0 * ak)
                         for kk in range(kt):
-                            ap[i, kk] = a[abase + i * am + (k0 + kk) * ak]
+                            ap[i, kk] = a[src + np.uint64(kk) * uak]
                     for kk in range(kt):
+                        src = np.uint64(bbase + (k0 + kk) * bk)
                         for nn in range(N):
-                            bp[kk, nn] = b[bbase + (k0 + kk) * bk + nn * bn]
+                            bp[kk, nn] = b[src + np.uint64(nn) * ubn]
                     np.dot(ap, bp, part)
                     acc += part
             obase = (j1 * B2 + j2) * M * N
             cbase = j1 * c1 + j2 * c2
             for i in range(M):
+                orow = np.uint64(obase + i * N)
+                crow = np.uint64(cbase + i * cm)
                 for nn in range(N):
                     v = alpha * acc[i, nn]
                     if use_c:
-                        v += beta * c[cbase + i * cm + nn * cn]
-                    out[obase + i * N + nn] = v
+                        v += beta * c[crow + np.uint64(nn) * ucn]
+                    out[orow + np.uint64(nn)] = v
 
 
 def cpu_sgemm_is_fp32() -> bool:

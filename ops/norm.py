@@ -58,7 +58,16 @@ def f32_vector(t: T.NeuronTensor | None, n: int, fill: float) -> T.NeuronTensor:
         out = T.empty((n,), F32)
         out._nd[...] = fill
         return out
+    if t.dtype == F32 and t._key is not None:  # already one: a flat view, no dispatch
+        return t if t.dim() == 1 else T.make_lazy(t._storage, (n,), (1,), t.storage_offset(),
+                                                  F32, True)
     return t.to(F32).contiguous().reshape(n)
+
+
+def dense(t: T.NeuronTensor) -> T.NeuronTensor:
+    """t when C-contiguous (what row kernels read), else a contiguous copy; skips the
+    dispatcher round trip of t.contiguous() on the common path."""
+    return t if t._key is not None else t.contiguous()
 
 
 def _code(dtype: torch.dtype) -> str:
@@ -216,7 +225,7 @@ def row_norm(x, weight, bias, stat_shape, stat_dtype, rows, length, groups, per_
     mean, mean_stage = staged(stat_shape, stat_dtype, stat=True)
     rstd, rstd_stage = staged(stat_shape, stat_dtype, stat=True)
     nparams = groups * (length // per_w) if length else 0
-    x = x.contiguous()
+    x = dense(x)
     w, b = f32_vector(weight, nparams, 1.0), f32_vector(bias, nparams, 0.0)
     if x.numel():
         kernel = kernel_for(_build_row_norm, _code(x.dtype), _code(out_stage.dtype))
@@ -235,7 +244,7 @@ def row_norm_backward(g, x, mean, rstd, weight, rows, length, groups, per_w, wan
     """Shared backward: returns (grad_input, grad_weight as fp32, grad_bias as fp32)."""
     want_params = want_gw or want_gb
     nparams = groups * (length // per_w) if length else 0
-    g, x = g.contiguous(), x.contiguous()
+    g, x = dense(g), dense(x)
     w = f32_vector(weight, nparams, 1.0)
     mean = f32_vector(mean, rows, 0.0)
     rstd = f32_vector(rstd, rows, 1.0)
@@ -262,7 +271,9 @@ def to_param(acc: T.NeuronTensor | None, like: T.NeuronTensor | None):
     (None when no such parameter exists)."""
     if acc is None or like is None:
         return None
-    acc = acc.reshape(like.shape)
+    if acc.shape != like.shape:  # (acc is fresh and contiguous: a view, no dispatch)
+        acc = T.make_lazy(acc._storage, like.shape, T.contiguous_strides(like.shape), 0, F32,
+                          True)
     return acc if like.dtype == F32 else acc.to(like.dtype)
 
 

@@ -41,3 +41,33 @@ def register(*ops) -> Callable[[Callable], Callable]:
 
 def lookup(op: torch._ops.OpOverload) -> Callable | None:
     return KERNELS.get(op)
+
+
+# Note [Kernels before decompositions]
+# A CompositeImplicitAutograd op decomposes on the autograd key, above the Python key our
+# tensors dispatch on: its kernel here would run only for calls made inside other kernels,
+# and users get the decomposition (silu_backward: five kernels, each rounding to the dtype,
+# where the CPU rounds once). A kernel on AutogradPrivateUse1 sends calls that need no graph
+# below autograd, to the Python key and the kernel; calls that do (double backward) keep the
+# differentiable decomposition.
+_autograd_library = torch.library.Library("aten", "IMPL")
+
+
+def before_decomposition(*ops) -> None:
+    """Route the CompositeImplicitAutograd `ops` to their kernels when no graph is needed."""
+    for op in ops:
+        for overload in _overloads(op):
+            _autograd_library.impl(overload.name(), _below_autograd(overload),
+                                   "AutogradPrivateUse1")
+
+
+def _below_autograd(op: torch._ops.OpOverload) -> Callable:
+    def kernel(*args, **kwargs):
+        if torch.is_grad_enabled() and any(
+                isinstance(a, torch.Tensor) and a.requires_grad
+                for a in (*args, *kwargs.values())):
+            return op.decompose(*args, **kwargs)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args, **kwargs)
+
+    return kernel

@@ -142,6 +142,21 @@ for _op in VIEW_OPS:
     register(_op)(make_view(_op))
 
 
+@register(aten.reshape.default)
+def reshape(x, shape):
+    # (reached from kernels only: Note [Composite ops inside kernels] in copy.py) a view
+    # where the layout allows one, else a contiguous copy, as the decomposition
+    if type(x) is not NeuronTensor:
+        T.check_foreign(x)
+    try:
+        metas, _ = view_metadata(aten.view.default, x, (shape,), {})
+    except RuntimeError:
+        copy = aten.clone.default(x, memory_format=torch.contiguous_format)
+        return aten._unsafe_view.default(copy, shape)
+    with normal_views_of(x):
+        return T.make_lazy(x._storage, *metas[0])
+
+
 @register(aten.detach.default)
 def detach(x):
     stride = x.stride()

@@ -357,6 +357,23 @@ def test_views_inside_inference_mode_are_what_the_cpu_gives():
             assert w[1:3].sum().item() == 60.0
 
 
+def test_reshape_and_to_reaching_the_dispatcher_alias_as_on_the_cpu():
+    # inside inference mode (as inside kernels) reshape and to(dtype) skip autograd's
+    # decomposition and reach our kernels: views where the layout allows, copies elsewhere
+    for device in ("cpu", "neuron"):
+        w = torch.arange(24.0).reshape(6, 4).to(device)
+        with torch.inference_mode():
+            flat, copied = w.reshape(24), w.t().reshape(24)
+            same, wider = w.to(torch.float32), w.to(torch.float64 if device == "cpu" else
+                                                   torch.bfloat16)
+            assert flat.data_ptr() == w.data_ptr() and copied.data_ptr() != w.data_ptr()
+            assert same is w and wider.data_ptr() != w.data_ptr()
+            assert copied.tolist() == w.cpu().t().reshape(24).tolist()
+            assert w[1:].reshape(2, 10).tolist() == w.cpu()[1:].reshape(2, 10).tolist()
+            with pytest.raises(RuntimeError, match="invalid for input of size 24"):
+                w.t().reshape(5, 5)
+
+
 def test_data_ptr_tells_aliases_apart_as_on_the_cpu():
     for device in ("cpu", "neuron"):
         a, b = torch.ones(6, device=device), torch.ones(6, device=device)
