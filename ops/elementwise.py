@@ -289,9 +289,62 @@ def _run_contiguous(op: Elementwise, operands, params):
     return out
 
 
-def _plan_contiguous(op, operands):
+def _run_contiguous_into(op: Elementwise, operands, params, out: NeuronTensor):
+    """`_run_contiguous` for a given contiguous `out` (in-place ops: foreach steps, x.add_(y)):
+    operands of its shape, each `out` itself or on other memory, or scalars. None when the
+    general path must decide (broadcasts, aliases, casts it refuses)."""
+    key = out._key
+    if key is None or type(out) is not NeuronTensor:
+        return None
+    shape = key[0]
+    if not shape:
+        return None
+    signature = [op, config.numerics_key, key[1]]
+    for a in operands:
+        kind = type(a)
+        if a is out:
+            signature.append("o")
+        elif kind is NeuronTensor:
+            akey = a._key
+            if akey is None or akey[0] != shape or a._storage is out._storage:
+                return None
+            signature.append(akey[1])
+        elif kind in _SCALAR_TYPES:
+            signature.append(kind)
+        else:
+            return None
+    signature = tuple(signature)
+    plan = _fast_plans.get(signature)
+    if plan is None:
+        plan = _fast_plans[signature] = _plan_contiguous(op, operands, out)
+    if plan is False:
+        return None
+    kernel, _, cast, exact = plan
+    out_arr = T.flat(out)
+    n = out_arr.size
+    args = [T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands if a is not out]
+    moved = n * out_arr.itemsize * (1 + len(operands))
+    if params:
+        args += [cast(p) for p in params]
+    if n < SPLIT_MIN:
+        kernel(out_arr, *args)
+    else:
+        workers.split_call(kernel, out_arr, args)
+    if exact:
+        numerics.wrap_int64(out_arr, _user_name(op))
+    core.launch(op.engine, n, moved)
+    return out
+
+
+def _plan_contiguous(op, operands, out=None):
+    """(kernel, result dtype, scalar cast, int64 wrap) of a fast path; with `out`, of the
+    in-place form (False: the result type does not cast to out's, the general path raises)."""
     dtype, compute = dtypes_for(op, operands)
-    kinds = tuple("a" if type(a) is NeuronTensor else "s" for a in operands)
+    if out is not None:
+        if not torch.can_cast(dtype, out.dtype):
+            return False
+        dtype = out.dtype
+    kinds = tuple("o" if a is out else "a" if type(a) is NeuronTensor else "s" for a in operands)
     codes = tuple(numerics.load_code(a.dtype) if type(a) is NeuronTensor else "py"
                   for a in operands)
     stochastic = config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)
@@ -358,10 +411,10 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
     Checks devices itself (kernels calling it set `checks_devices`): operands are neuron
     tensors, Python scalars or CPU 0-dim tensors.
     """
-    if out is None:
-        result = _run_contiguous(op, operands, params)
-        if result is not None:
-            return result
+    result = _run_contiguous(op, operands, params) if out is None else \
+        _run_contiguous_into(op, operands, params, out)
+    if result is not None:
+        return result
     for a in operands:
         if isinstance(a, torch.Tensor) and type(a) is not NeuronTensor:
             T.check_foreign(a)

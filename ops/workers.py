@@ -14,6 +14,14 @@ and spins for the next job. Spinning yields the core (sched_yield) on every turn
 after about a millisecond without work: the worker then sleeps on a condition until the next
 job. The caller spins on `done` the same way. An external call (sched_yield) in the loop also
 keeps the compiler from hoisting the flag loads out of it.
+
+Note [Taking back a slice]
+A worker may not get a core for milliseconds: on two vCPUs, torch's OpenMP threads spin
+after a CPU matmul, and an SGD step's split foreach kernel waited ~2 ms for a half it could
+have run in 0.1 ms. So a posted slice sits in a one-item list until the worker pops it (a
+single call under the GIL, so exactly one thread gets it); the caller, done with its own
+slice, pops any slice not yet taken and runs it itself. The worker then finds nothing, and
+reports done for that job all the same.
 """
 from __future__ import annotations
 
@@ -53,19 +61,28 @@ def _finish_and_wait(done, seq, go, value, spins):
 _FOREVER = 1 << 62
 
 
+def _compile_spinning() -> None:
+    """Compile the spin loops here, before any worker runs them: a worker compiling one
+    holds Numba's compiler lock, and a fork then (the caller need not wait for a worker: Note
+    [Taking back a slice]) would leave the child that lock held forever."""
+    flag = np.ones(1, np.int64)
+    _wait(flag, 0, 1)
+    _finish_and_wait(np.zeros(1, np.int64), 0, flag, 0, 1)
+
+
 class _Worker:
     def __init__(self, index: int):
         self.go = np.zeros(1, np.int64)
         self.done = np.zeros(1, np.int64)
         self.seq = 0
-        self.job = None
+        self.slot: list = []  # the posted (kernel, args) until a thread pops it
         self.error: BaseException | None = None
         self.sleeping = False
         self.wake = threading.Condition()
         threading.Thread(target=self._loop, name=f"neuron-engine-{index}", daemon=True).start()
 
     def post(self, kernel, args) -> None:
-        self.job = (kernel, args)
+        self.slot.append((kernel, args))
         self.seq += 1
         self.go[0] = self.seq
         if self.sleeping:
@@ -73,7 +90,12 @@ class _Worker:
                 self.wake.notify()
 
     def join(self) -> None:
-        _wait(self.done, self.seq, _FOREVER)
+        try:
+            kernel, args = self.slot.pop()  # not started yet: run it here
+        except IndexError:
+            _wait(self.done, self.seq, _FOREVER)
+        else:
+            kernel(*args)
         if self.error is not None:
             error, self.error = self.error, None
             raise error
@@ -88,12 +110,15 @@ class _Worker:
                     while self.go[0] < expected:
                         self.wake.wait()
                     self.sleeping = False
-            kernel, args = self.job
-            self.job = None
             try:
-                kernel(*args)
-            except BaseException as e:  # the caller raises it
-                self.error = e
+                kernel, args = self.slot.pop()
+            except IndexError:
+                pass  # the caller took it back
+            else:
+                try:
+                    kernel(*args)
+                except BaseException as e:  # the caller raises it
+                    self.error = e
             ready = _finish_and_wait(self.done, expected, self.go, expected + 1, SPINS)
             expected += 1
 
@@ -118,6 +143,8 @@ def split_call(kernel, out: np.ndarray, args: list) -> None:
         kernel(out, *args)
         return
     try:
+        if not _workers:
+            _compile_spinning()
         while len(_workers) < COUNT - 1:
             _workers.append(_Worker(len(_workers) + 1))
         n = out.shape[0]

@@ -98,3 +98,23 @@ def test_a_forked_child_splits_with_its_own_workers():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert "child 0" in done.stdout, done.stderr
+
+
+def test_the_caller_takes_back_a_slice_no_worker_has_started():
+    # Note [Taking back a slice]: a busy (or starved) worker does not hold up the caller
+    worker = workers._Worker(99)
+    release, started, ran = threading.Event(), threading.Event(), []
+
+    def blocking():
+        started.set()
+        release.wait(30)
+        ran.append(("first", threading.current_thread().name))
+
+    worker.post(blocking, [])
+    assert started.wait(30)
+    worker.post(lambda: ran.append(("second", threading.current_thread().name)), [])
+    worker.join()  # the second job is taken back and run here, while the first still runs
+    assert ran == [("second", threading.current_thread().name)]
+    release.set()
+    assert workers._wait(worker.done, worker.seq, 1 << 40)  # the worker reports both done
+    assert ran[1] == ("first", "neuron-engine-99")
