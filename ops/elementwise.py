@@ -285,7 +285,8 @@ def _run_contiguous(op: Elementwise, operands, params):
         workers.split_call(streaming.kernel_for(op.name, out_arr, args) or kernel, out_arr, args)
     if exact:
         numerics.wrap_int64(out_arr, _user_name(op))
-    core.launch(op.engine, n, n * out_arr.itemsize * (1 + len(operands)))
+    core.launch(op.engine, n, out_arr.nbytes + sum(a.nbytes for a in args
+                                                   if type(a) is np.ndarray))
     return out
 
 
@@ -323,7 +324,8 @@ def _run_contiguous_into(op: Elementwise, operands, params, out: NeuronTensor):
     out_arr = T.flat(out)
     n = out_arr.size
     args = [T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands if a is not out]
-    moved = n * out_arr.itemsize * (1 + len(operands))
+    moved = n * out_arr.itemsize + sum(a.nbytes for a in args if type(a) is np.ndarray) + \
+        n * out_arr.itemsize * (len(operands) - len(args))  # writes, reads, reads of out
     if params:
         args += [cast(p) for p in params]
     if n < SPLIT_MIN:

@@ -343,3 +343,18 @@ def test_in_place_ops_reading_their_own_output(dtype):
         expected = program(cpu, other)
         actual = program(dev, other.to("neuron"))
         assert torch.equal(actual.cpu(), expected) and torch.equal(dev.cpu(), cpu)
+
+
+def test_hbm_bytes_moved_count_each_tensor_read_and_the_write():
+    # the fast paths (contiguous, in-place) account as the general one does: scalars move
+    # nothing, an in-place op reads and writes its tensor
+    from neuron_eager.device_sim import core
+
+    x, y = torch.ones(64, 32, device="neuron"), torch.ones(64, 32, device="neuron")
+    n = x.numel() * 4
+    for op, moved in [(lambda: x + y, 3 * n), (lambda: x * 2.0, 2 * n),
+                      (lambda: x.add_(y), 3 * n), (lambda: x.mul_(0.5), 2 * n),
+                      (lambda: x.t().mul_(2.0), 2 * n), (lambda: x.addcmul_(y, y), 4 * n)]:
+        before = core.hbm_bytes_moved
+        op()
+        assert core.hbm_bytes_moved - before == moved
