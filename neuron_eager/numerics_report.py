@@ -38,6 +38,7 @@ class Spec:
 SPECS = [
     Spec("exp", torch.exp, np.exp, (-103.9, 88.72)),
     Spec("log", torch.log, np.log, (1e-45, 3.4e38)),
+    Spec("log1p", torch.log1p, np.log1p, (-0.99999994, 3.4e38)),
     Spec("tanh", torch.tanh, np.tanh, (-20.0, 20.0)),
     Spec("sigmoid", torch.sigmoid, lambda x: 1 / (1 + np.exp(-x)), (-100.0, 100.0),
          (-87.0, 100.0), "below -87 both give 0 where the exact value is subnormal"),
@@ -146,7 +147,9 @@ def markdown(rows: list[dict], points: int) -> str:
         "",
         "exp, log, tanh, sigmoid, erf, sin and cos are in-kernel approximations (ops/fastmath.py:",
         "range reduction and polynomials in fp32, as the Scalar engine approximates them);",
-        "gelu and silu are built from erf and exp; rsqrt is fp32 `1/sqrt(x)`. Errors:",
+        "log1p is log of 1 + x corrected by x / ((1 + x) - 1); gelu and silu are built from erf",
+        "and exp (softplus, mish, logsigmoid and BCE-with-logits from exp and log1p); rsqrt is",
+        "fp32 `1/sqrt(x)`. Errors:",
         "",
         "- *vs torch*: largest distance, in representable fp32 values, from torch's fp32 CPU result;",
         "- *vs exact*: largest |ours - exact| / fp32 spacing at the exact value (float64",

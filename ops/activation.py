@@ -14,8 +14,8 @@ import torch
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.arithmetic import define
-from neuron_eager.ops.fastmath import (cos_f32, erf_f32, exp_f32, log_f32, sigmoid_f32,  # noqa: F401
-                                      sin_f32, tanh_f32)
+from neuron_eager.ops.fastmath import (cos_f32, erf_f32, exp_f32, log1p_f32,  # noqa: F401
+                                      log_f32, sigmoid_f32, sin_f32, tanh_f32)
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.registry import before_decomposition, register
@@ -31,7 +31,7 @@ _GELU_KAPPA = f32(0.044715)
 
 
 # -- transcendentals: one helper each, the only place a function's accuracy is decided -----
-# Note [Transcendentals]: exp, log, tanh, sigmoid, erf, sin and cos are the in-kernel
+# Note [Transcendentals]: exp, log, log1p, tanh, sigmoid, erf, sin and cos are the in-kernel
 # approximations of ops/fastmath.py (errors measured in docs/numerics.md); the rest call libm
 # through Numba (correctly rounded to ~1 ulp in fp32, but scalar calls: slower).
 @njit(**JIT_OPTIONS)
@@ -52,11 +52,6 @@ def log2_f32(x):
 @njit(**JIT_OPTIONS)
 def log10_f32(x):
     return np.log10(f32(x))
-
-
-@njit(**JIT_OPTIONS)
-def log1p_f32(x):
-    return np.log1p(f32(x))
 
 
 @njit(**JIT_OPTIONS)
@@ -127,9 +122,10 @@ for _name, _fn in [
            engine="scalar")
 
 
-def _float(name, fn, nparams=0, engine="scalar"):
-    """A float-only op (integer inputs raise, as on CPU)."""
-    return E.Elementwise(name, njit(**JIT_OPTIONS)(fn), nparams, engine=engine, float_only=True)
+def _float(name, fn, nparams=0, engine="scalar", inline=False):
+    """A float-only op (integer inputs raise, as on CPU); `inline`: Note [Inlined op bodies]."""
+    options = dict(JIT_OPTIONS, inline="always") if inline else JIT_OPTIONS
+    return E.Elementwise(name, njit(**options)(fn), nparams, engine=engine, float_only=True)
 
 
 def _refuse_bool(x, name: str) -> None:
@@ -233,17 +229,18 @@ GELU_TANH = _float("gelu_tanh", lambda x: _HALF * x * (
     _1 + tanh_f32(_GELU_BETA * (x + _GELU_KAPPA * x * x * x))))
 
 define("softplus", _softplus, [aten.softplus.default], operands=1,
-       params=[("beta", 1), ("threshold", 20)], engine="scalar", float_only=True)
+       params=[("beta", 1), ("threshold", 20)], engine="scalar", float_only=True, inline=True)
 define("hardsigmoid", _hardsigmoid, [aten.hardsigmoid.default], operands=1, engine="scalar",
        float_only=True)
 define("hardswish", _hardswish, [aten.hardswish.default], operands=1, engine="scalar",
        float_only=True)
-define("mish", _mish, [aten.mish.default], operands=1, engine="scalar", float_only=True)
+define("mish", _mish, [aten.mish.default], operands=1, engine="scalar", float_only=True,
+       inline=True)
 define("hardshrink", _hardshrink, [aten.hardshrink.default], operands=1,
        params=[("lambd", 0.5)], engine="scalar", float_only=True)
 define("softshrink", _softshrink, [aten.softshrink.default], operands=1,
        params=[("lambd", 0.5)], engine="scalar", float_only=True)
-_LOG_SIGMOID = _float("log_sigmoid", _log_sigmoid)
+_LOG_SIGMOID = _float("log_sigmoid", _log_sigmoid, inline=True)
 
 
 @register(aten.silu.default)
@@ -367,7 +364,8 @@ define("hardtanh_backward", lambda g, x, lo, hi: _0 if (x <= lo or x >= hi) else
 define("hardsigmoid_backward", lambda g, x: g * _ONE_SIXTH if (x > -_3 and x < _3) else _0,
        [aten.hardsigmoid_backward.default])
 define("hardswish_backward", _hardswish_backward, [aten.hardswish_backward.default])
-define("mish_backward", _mish_backward, [aten.mish_backward.default], engine="scalar")
+define("mish_backward", _mish_backward, [aten.mish_backward.default], engine="scalar",
+       inline=True)
 before_decomposition(aten.silu_backward.default, aten.mish_backward.default)
 define("hardshrink_backward", _shrink_backward, [aten.hardshrink_backward.default],
        params=[("lambd", 0.5)])
@@ -379,7 +377,7 @@ _ELU_BACKWARD = E.Elementwise("elu_backward", njit(**JIT_OPTIONS)(_elu_backward)
                               engine="scalar")
 _ELU_BACKWARD_RESULT = E.Elementwise("elu_backward_result",
                                      njit(**JIT_OPTIONS)(_elu_backward_result), 3)
-# inlined by Numba: with erf and exp inside, LLVM leaves it a call and the loop scalar (8x)
+# (Note [Inlined op bodies])
 _GELU_BACKWARD = E.Elementwise("gelu_backward",
                                njit(inline="always", **JIT_OPTIONS)(_gelu_backward),
                                engine="scalar")

@@ -23,15 +23,17 @@ aten = torch.ops.aten
 
 
 def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="default",
-           engine="vector", float_only=False, plain=None, check=None):
+           engine="vector", float_only=False, plain=None, check=None, inline=False):
     """Register `fn` for the given overloads.
 
     `params` lists (name, default) of the scalar arguments after the operands. `plain`, if
     given, is the same function with every parameter at its default (e.g. add without
     alpha): calls that pass no parameter use it, one kernel argument fewer. `check`, if
     given, sees the operands first and raises the CPU's error for those it refuses.
+    `inline`: Numba inlines `fn` into its loops (Note [Inlined op bodies] in elementwise.py).
     """
-    op = E.Elementwise(name, njit(fn), len(params), kind, engine, float_only)
+    op = E.Elementwise(name, njit(fn, inline="always") if inline else njit(fn), len(params),
+                       kind, engine, float_only)
     plain_op = E.Elementwise(name + "_plain", njit(plain), 0, kind, engine, float_only) \
         if plain is not None else None
 

@@ -114,6 +114,18 @@ def log_f32(x):
     return ef * _LN2_HI + (log_m + ef * _LN2_LO)
 
 
+@njit(**JIT)
+def log1p_f32(x):  # Note [branch-free]
+    """log(1 + x) as log_f32(u) * x / (u - 1) with u = fl(1 + x): the factor undoes the
+    rounding of 1 + x to first order (Goldberg), so small x keep their precision."""
+    x = f32(x)
+    u = f32(1) + x
+    d = u - f32(1)  # exact
+    r = log_f32(u) * (x / d)
+    r = x if d == f32(0) else r  # |x| under half an ulp of 1: log1p(x) rounds to x
+    return x if x == _INF else r
+
+
 # -- tanh: odd polynomial near 0, 1 - 2/(e^2|x| + 1) beyond ----------------------------------
 _TANH_Q = tuple(f32(v) for v in (
     -0.3333333326584929, 0.13333310765282577, -0.05396049174509566, 0.021776904598959423,

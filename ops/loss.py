@@ -14,6 +14,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.fastmath import exp_f32, log1p_f32, log_f32
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.matmul import narrow_into, widen
@@ -74,8 +75,8 @@ def pointwise_backward(op: E.Elementwise, grad, operands, params, reduction: int
     return E.run(op, [*operands, grad], [*params, scale])
 
 
-def _loss(name, fn, nparams=0):
-    return E.Elementwise(name, njit(fn), nparams)
+def _loss(name, fn, nparams=0, inline=False):
+    return E.Elementwise(name, njit(fn, inline="always") if inline else njit(fn), nparams)
 
 
 # -- MSE, smooth L1, Huber ---------------------------------------------------------------
@@ -162,9 +163,9 @@ def huber_loss_backward(grad_output, self, target, reduction, delta):
 
 # -- binary cross entropy ----------------------------------------------------------------
 def _bce(x, t, w):
-    lx = np.log(x)  # logs are clamped at -100 as in PyTorch; NaN stays NaN
+    lx = log_f32(x)  # logs are clamped at -100 as in PyTorch; NaN stays NaN
     lx = np.float32(-100) if lx < -100 else lx
-    l1x = np.log1p(-x)
+    l1x = log1p_f32(-x)
     l1x = np.float32(-100) if l1x < -100 else l1x
     return w * ((t - _ONE) * l1x - t * lx)
 
@@ -176,13 +177,13 @@ def _bce_backward(x, t, w, g, scale):
 
 
 def _bce_logits(x, t, w, pos_weight):
-    log_sigmoid = (x if x < 0 else _ZERO) - np.log1p(np.exp(-abs(x)))
+    log_sigmoid = (x if x < 0 else _ZERO) - log1p_f32(exp_f32(-abs(x)))
     log_weight = (pos_weight - _ONE) * t + _ONE
     return w * ((_ONE - t) * x - log_weight * log_sigmoid)
 
 
-BCE, BCE_BACKWARD = _loss("bce", _bce), _loss("bce_backward", _bce_backward, 1)
-BCE_LOGITS = _loss("bce_with_logits", _bce_logits)
+BCE, BCE_BACKWARD = _loss("bce", _bce, inline=True), _loss("bce_backward", _bce_backward, 1)
+BCE_LOGITS = _loss("bce_with_logits", _bce_logits, inline=True)  # Note [Inlined op bodies]
 
 
 def _build_unit_check(load, store):

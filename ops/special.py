@@ -101,7 +101,7 @@ define("xlog1py", _xlog1py.py_func, [aten.special_xlog1py.default,
                                       aten.special_xlog1py.other_scalar],
        kind="int_to_float", engine="scalar")
 define("logaddexp", _logaddexp.py_func, [aten.logaddexp.default], kind="int_to_float",
-       engine="scalar", float_only=True)
+       engine="scalar", float_only=True, inline=True)
 define("logaddexp2", _logaddexp2.py_func, [aten.logaddexp2.default], kind="int_to_float",
        engine="scalar", float_only=True)
 define("fmax", _fmax.py_func, [aten.fmax.default])
