@@ -283,27 +283,38 @@ def _run_contiguous(op: Elementwise, operands, params):
     kernel, dtype, cast, exact = plan
     out = T.new_contiguous(shape, dtype)
     out_arr = out._flat
-    n = out_arr.size
     args = [T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands]
+    _call_fast(op, kernel, out_arr, args, params, cast, exact, 0, streams=True)
+    return out
+
+
+def _call_fast(op, kernel, out_arr, args, params, cast, exact, reads_of_out, streams=False):
+    """A fast path's launch: the kernel (split across cores when large; `streams`: a new
+    result that outgrows the cache is written around it), int64 wraps and the accounting
+    (the write, each array read, and `reads_of_out` reads of the output itself)."""
+    n = out_arr.size
+    moved = out_arr.nbytes * (1 + reads_of_out) + sum(a.nbytes for a in args
+                                                      if type(a) is np.ndarray)
     if params:
         args += [cast(p) for p in params]
     if n < SPLIT_MIN:
         kernel(out_arr, *args)
-    else:  # a result too large to stay in the cache is written around it
-        workers.split_call(streaming.kernel_for(op.name, out_arr, args) or kernel, out_arr, args)
+    else:
+        workers.split_call(streams and streaming.kernel_for(op.name, out_arr, args) or kernel,
+                           out_arr, args)
     if exact:
         numerics.wrap_int64(out_arr, _user_name(op))
-    core.launch(op.engine, n, out_arr.nbytes + sum(a.nbytes for a in args
-                                                   if type(a) is np.ndarray))
-    return out
+    core.launch(op.engine, n, moved)
 
 
 def _run_contiguous_into(op: Elementwise, operands, params, out: NeuronTensor):
     """`_run_contiguous` for a given contiguous `out` (in-place ops: foreach steps, x.add_(y)):
     operands of its shape, each `out` itself or on other memory, or scalars. None when the
     general path must decide (broadcasts, aliases, casts it refuses)."""
+    if type(out) is not NeuronTensor:
+        return None
     key = out._key
-    if key is None or type(out) is not NeuronTensor:
+    if key is None:
         return None
     shape = key[0]
     if not shape:
@@ -329,20 +340,8 @@ def _run_contiguous_into(op: Elementwise, operands, params, out: NeuronTensor):
     if plan is False:
         return None
     kernel, _, cast, exact = plan
-    out_arr = T.flat(out)
-    n = out_arr.size
     args = [T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands if a is not out]
-    moved = n * out_arr.itemsize + sum(a.nbytes for a in args if type(a) is np.ndarray) + \
-        n * out_arr.itemsize * (len(operands) - len(args))  # writes, reads, reads of out
-    if params:
-        args += [cast(p) for p in params]
-    if n < SPLIT_MIN:
-        kernel(out_arr, *args)
-    else:
-        workers.split_call(kernel, out_arr, args)
-    if exact:
-        numerics.wrap_int64(out_arr, _user_name(op))
-    core.launch(op.engine, n, moved)
+    _call_fast(op, kernel, T.flat(out), args, params, cast, exact, len(operands) - len(args))
     return out
 
 
