@@ -81,14 +81,18 @@ def stats() -> dict:
     failures, HBM bytes moved and not moved (intermediates kept in registers), flushes by
     reason, the fused-kernel cache size, and of the new kernels how many Numba compiled and
     how many it loaded from the disk cache (disk_hits; disk_writes: kernel files written,
-    disk_fallbacks: kernels made in memory because the disk cache failed)."""
-    return dict(fusion.stats, **codegen.stats, flush_reasons=dict(fusion.flush_reasons),
+    disk_fallbacks: kernels made in memory because the disk cache failed), and ops run
+    eagerly because they ran alone before (ops_run_alone: Note [Ops that run alone] in
+    recording.py)."""
+    return dict(fusion.stats, **codegen.stats, **recording.counts,
+                flush_reasons=dict(fusion.flush_reasons),
                 cached_kernels=codegen.cache_size())
 
 
 def reset_stats() -> None:
     fusion.stats.update(fusion.STATS_ZERO)
     codegen.stats.update(codegen.STATS_ZERO)
+    recording.counts["ops_run_alone"] = 0
     fusion.flush_reasons.clear()
     fusion.history.clear()
 

@@ -38,6 +38,7 @@ class Options:
 
     compile_after: int = 2  # sightings of a region before it runs as fused kernels
     max_ops: int = 256  # a region this long is flushed (the buffer limit)
+    alone_skip: int = 8  # eager sightings of an op that ran alone (Note [Ops that run alone])
 
 
 options = Options()
@@ -53,8 +54,8 @@ class Node:
     """
 
     __slots__ = ("index", "op", "refs", "params", "scalars", "raw", "dtype", "compute",
-                 "shape", "outs", "where", "key", "region", "error", "runner", "inplace",
-                 "target", "views", "stride", "offset")
+                 "shape", "outs", "where", "site", "key", "region", "error", "runner",
+                 "inplace", "target", "views", "stride", "offset")
 
     def alive(self) -> bool:
         for ref in self.outs:
@@ -272,8 +273,11 @@ def _add_node(region, op, refs, params, raw, dtype, compute, shape, out, target=
     node.runner, node.target, node.inplace = None, target, inplace
     node.views, node.stride, node.offset = None, None, 0
     node.key = (op, refs, len(params), dtype, shape, compute, inplace, target)
-    # (above the recorder, dispatch and __torch_dispatch__)
-    node.where = _foreach_where or user_frame(4)
+    if _foreach_where is not None:
+        node.where, node.site = _foreach_where, None
+    else:
+        node.site = _site
+        node.where = _site[1]
     out._node = node
     node.outs = [weakref.ref(out)]
     region.nodes.append(node)
@@ -324,24 +328,25 @@ def _record_inplace(plan, args, kwargs):
         kept = m is not None and region.memory[m][0] is storage  # the region's own reference
         if storage is None or sys.getrefcount(storage) > 3 + kept:  # d, `storage`, the arg
             return None
-    sig = [op]
-    for o in operands:
-        sig.append((o.dtype, o.shape) if isinstance(o, torch.Tensor) else type(o))
-    sig = tuple(sig)
-    compute = _inplace_types.get(sig)
+    # the operands' signature from _refs keys the type check; should it refuse, the flush
+    # before the eager kernel drops the inputs _refs added
+    refs, raw, sig = _refs(region, operands)
+    key = (op, sig)
+    compute = _inplace_types.get(key)
     if compute is None:
-        compute = _inplace_types[sig] = _inplace_type(op, operands, a)
+        compute = _inplace_types[key] = _inplace_type(op, operands, a)
     if not compute:
         return None  # the eager kernel raises
-    refs, raw, _ = _refs(region, operands)
+    dtype, shape = sig[0]
     if old is not None:
         target, old.target = old.target, None  # only the last writer writes a's memory
         old.outs = [r for r in old.outs if r() is not a]
     else:
         target = region.input(a)
         # a stand-in takes a's data fields (its arrays too): `a` itself becomes pending
-        stand_in = _make_wrapper(NeuronTensor, a.shape, strides=a.stride(),
-                                 storage_offset=a.storage_offset(), dtype=a.dtype,
+        _, _, stride = region.descs[target]
+        stand_in = _make_wrapper(NeuronTensor, shape, strides=stride,
+                                 storage_offset=region.memory[target][1], dtype=dtype,
                                  device=T.DEVICE)
         moved = stand_in.__dict__
         for name in _DATA:
@@ -350,8 +355,7 @@ def _record_inplace(plan, args, kwargs):
         region.inputs[target] = stand_in
         del region.input_index[id(a)]  # later reads of `a` name the node
         del storage
-    _add_node(region, op, refs, params, raw, a.dtype, compute, tuple(a.shape), a, target,
-              True)
+    _add_node(region, op, refs, params, raw, dtype, compute, shape, a, target, True)
     if len(region.nodes) >= options.max_ops:
         flush("buffer limit")
     return a
@@ -431,6 +435,7 @@ _DETACH = aten.detach.default
 
 def dispatch(func, args, kwargs):
     """The dispatcher while adaptive eager is on."""
+    global _site
     if not active:
         return _inner(func, args, kwargs)
     action = _ACTIONS.get(id(func))
@@ -439,22 +444,62 @@ def dispatch(func, args, kwargs):
             recorder, plan = action
             if recorder is None:  # a foreach op: its per-tensor ops come back through per_tensor()
                 return _run_foreach(func, args, kwargs)
-            out = recorder(plan, args, kwargs)
-            if out is not None:
-                native_counter(func)[2] += 1  # get_executed_ops() counts it, as plain eager
-                return out
+            _site = site = (id(func), user_frame(2))  # (above dispatch, __torch_dispatch__)
+            skip = _alone.get(site)
+            if skip and recorder is _record and not _reads_pending(args, kwargs):
+                # Note [Ops that run alone]
+                _alone[site] = skip - 1
+                counts["ops_run_alone"] += 1
+            else:
+                out = recorder(plan, args, kwargs)
+                if out is not None:
+                    native_counter(func)[2] += 1  # get_executed_ops() counts it, as plain eager
+                    return out
         if _region.nodes:
             node = pending_node(args[0]) if args else None
             if node is not None and node.region == _region.serial:
                 if func is _DETACH:
                     return _detach(args[0])
                 if _is_view(func):
+                    _site = (id(func), user_frame(2))
                     out = _record_view(func, node, args, kwargs)
                     if out is not None:
                         native_counter(func)[2] += 1
                         return out
             _sync(func, args, kwargs)
     return _inner(func, args, kwargs)
+
+
+# Note [Ops that run alone]
+# A recorded op flushed as its region's only computing op (a GELU right before a matmul)
+# gains nothing: one launch either way, and recording it and running the region cost more
+# than running it (a 64x128 GELU then its matmul: 83 us in adaptive eager, 56 us in plain).
+# So its site (op and user line) is remembered, and its next `options.alone_skip` sightings
+# run eagerly, as plain eager runs them, when that flushes nothing: out of place, reading no
+# pending tensor (an in-place op, run eagerly, would flush the ops recorded around it). Then
+# it is recorded again, in case it now has company. An op of a region with more computing
+# ops is forgotten. Ops that foreach kernels run are not sites: they come in groups.
+_alone: dict = {}  # site -> eager sightings left
+_site = None  # the site of the op being recorded (under _lock)
+counts = {"ops_run_alone": 0}
+
+
+def _reads_pending(args, kwargs) -> bool:
+    for a in (*args, *kwargs.values()):
+        if type(a) is NeuronTensor and "_node" in a.__dict__:
+            return True
+    return False
+
+
+def _learn(region: Region) -> None:
+    """After a whole region ran: remember a lone op's site, forget sites that had company."""
+    computing = [node for node in region.nodes if node.op is not plans.VIEW]
+    if len(computing) == 1:
+        if computing[0].site is not None and options.alone_skip > 0:
+            _alone[computing[0].site] = options.alone_skip
+    elif _alone:
+        for node in computing:
+            _alone.pop(node.site, None)
 
 
 _foreach_where = None  # the user's line of the foreach op running now (under _lock)
@@ -543,6 +588,7 @@ def flush(reason: str = "flush") -> None:
             return
         _region = Region()
         run_region(region, reason)
+        _learn(region)
 
 
 def materialize(t: NeuronTensor) -> None:

@@ -58,9 +58,16 @@ def user_frame(skip: int = 0) -> tuple[str, int]:
     return "<autograd backward>", 0
 
 
+# The built-in workloads are model code, written as a user writes it: their lines are the
+# ones to name (explain(), errors), and the walk stops there as it would in a user's script.
+_MODEL_CODE = os.path.join("neuron_eager", "workloads.py")
+
+
 def _classify(code) -> bool:
     dirs = _internal_dirs()
-    internal = code.co_filename.startswith(dirs) or code.co_filename.startswith("<frozen")
+    name = code.co_filename
+    internal = (name.startswith(dirs) or name.startswith("<frozen")) and \
+        not name.endswith(_MODEL_CODE)
     if dirs is _internal:  # complete: the answer is final
         _is_internal[code] = internal
     return internal

@@ -156,6 +156,41 @@ def test_repeated_chain_fuses_into_one_kernel():
     assert "test_adaptive.py" in adaptive.explain()
 
 
+def test_an_op_that_ran_alone_runs_eagerly_and_is_recorded_again_later():
+    x, w = rand(64, 32), rand(32, 8, seed=1)
+
+    def step():
+        return F.gelu(x) @ w  # the matmul flushes the GELU's region: it ran alone
+
+    adaptive.disable()
+    expected = step().cpu()
+    adaptive.enable()
+    skip = recording.options.alone_skip
+    results = [step() for _ in range(skip + 3)]
+    s = adaptive.stats()
+    # recorded, `skip` sightings eagerly, recorded again (alone again), eagerly
+    assert s["ops_recorded"] == 2 and s["ops_run_alone"] == skip + 1
+    for r in results:
+        same_bits(r.cpu(), expected)
+
+
+def test_an_op_that_finds_company_is_forgotten(monkeypatch):
+    x = rand(64, 32)
+    monkeypatch.setattr(recording.options, "alone_skip", 1)
+    monkeypatch.setattr(recording, "_alone", {})  # (sites other tests left)
+
+    def act(t):
+        return F.gelu(t)  # one site, used alone and in a chain
+
+    adaptive.enable()
+    for _ in range(2):
+        act(x).cpu()  # recorded and alone, then once eagerly
+    assert adaptive.stats()["ops_run_alone"] == 1 and recording._alone
+    for _ in range(3):
+        (act(x) * 2).cpu()  # recorded again, with company: forgotten
+    assert adaptive.stats()["ops_run_alone"] == 1 and not recording._alone
+
+
 def test_dead_results_are_not_computed():
     x = rand(100)
     adaptive.enable()
