@@ -149,6 +149,17 @@ def _alone(node) -> bool:
     return node.op is plans.VIEW or (node.dtype == torch.int64 and node.compute == "int")
 
 
+# Note [Smaller ops in a bigger loop]
+# An op of a smaller shape (a causal mask's `bias == 0`, broadcast over batch and heads) may
+# join a group whose loop covers its shape several times: the loop then computes it once per
+# element it broadcasts to. Joining saves a launch and the write and read of its result, and
+# lets a later op reading both (masked_fill of the scores) join too, where a group of its own
+# would leave the scores' group and the mask's group each a launch. It joins when the loop
+# repeats it at most _REPEAT_LIMIT times, or when it reads a value of that group (writing it
+# to memory to read it back broadcast would cost more).
+_REPEAT_LIMIT = 64
+
+
 def _place(region, groups, group_of, last_read, j: int) -> int | None:
     """The index of the group node j joins, or None for a new group.
 
@@ -186,8 +197,9 @@ def _place(region, groups, group_of, last_read, j: int) -> int | None:
         shape = E.try_broadcast([g.shape, node.shape])
         if shape is None or (shape != g.shape and shape != node.shape):
             continue
-        if node.shape != g.shape and gi not in reads:
-            continue  # a loop over another shape gains only if it saves writing an input
+        if node.shape != g.shape and gi not in reads and \
+                prod(g.shape) > _REPEAT_LIMIT * prod(node.shape):
+            continue  # (Note [Smaller ops in a bigger loop])
         if g.fixed and shape != g.shape:
             continue  # it writes memory that it reads: one loop shape
         if node.target is not None and shape != node.shape:

@@ -444,7 +444,7 @@ def dispatch(func, args, kwargs):
             recorder, plan = action
             if recorder is None:  # a foreach op: its per-tensor ops come back through per_tensor()
                 return _run_foreach(func, args, kwargs)
-            _site = site = (id(func), user_frame(2))  # (above dispatch, __torch_dispatch__)
+            _site = site = _site_of(func, args)
             skip = _alone.get(site)
             if skip and recorder is _record and not _reads_pending(args, kwargs):
                 # Note [Ops that run alone]
@@ -482,6 +482,15 @@ def dispatch(func, args, kwargs):
 _alone: dict = {}  # site -> eager sightings left
 _site = None  # the site of the op being recorded (under _lock)
 counts = {"ops_run_alone": 0}
+
+
+def _site_of(func, args) -> tuple:
+    """The op's site: the op and the user's line; in autograd's backward, which has no user
+    lines, the op and its first operand's shape (every backward add has one line)."""
+    where = user_frame(3)  # (above _site_of, dispatch, __torch_dispatch__)
+    if where[1] == 0 and args and type(args[0]) is NeuronTensor:
+        return id(func), where, args[0].shape
+    return id(func), where
 
 
 def _reads_pending(args, kwargs) -> bool:

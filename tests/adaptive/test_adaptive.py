@@ -104,6 +104,21 @@ def test_small_shape_inside_bigger_group():
     del a
 
 
+def test_a_broadcast_mask_joins_the_scores_loop():
+    scores, mask = rand(2, 4, 8, 8), torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8).to(N)
+
+    def masked():
+        return (scores * 0.5).masked_fill(mask == 0, float("-inf"))
+
+    both_modes(masked)
+    adaptive.enable()
+    masked().cpu()
+    assert "mul -> eq -> masked_fill  [fused (cache hit)" in adaptive.explain(1)
+    # a smaller op repeated more than _REPEAT_LIMIT times per element keeps its own loop
+    big = rand(fusion._REPEAT_LIMIT + 1, 8, 8)
+    both_modes(lambda: (big * 0.5).masked_fill(mask[0, 0] == 0, 0.0))
+
+
 def test_intermediates_kept_alive_are_written():
     x = rand(100)
     adaptive.disable()
