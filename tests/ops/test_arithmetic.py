@@ -143,6 +143,40 @@ def test_out_argument(seed):
     torch.testing.assert_close(out.cpu(), a + b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32,
+                                   torch.bool])
+def test_out_argument_like_the_cpu(dtype):
+    # out= is written straight into the destination (router._elementwise_into) when it has
+    # the result's shape: the same bits as the CPU, transposed outputs and casts included
+    a, b = torch.randn(3, 4) * 4, torch.randn(4) * 4
+    cases = [(torch.mul, (a, b)), (torch.gt, (a, 0.5)), (torch.sub, (a.t(), 1.5)),
+             (torch.maximum, (a, b.to(torch.bfloat16)))]
+    for fn, args in cases:
+        shape = torch.broadcast_shapes(*[x.shape for x in args if isinstance(x, torch.Tensor)])
+        expected_out = torch.full(shape, 7, dtype=dtype)
+        out = expected_out.to("neuron")
+        if args[0].dim() == 2 and args[0].stride()[0] == 1:  # a transposed destination
+            expected_out, out = expected_out.t().contiguous().t(), out.t().contiguous().t()
+        neuron_args = [x.to("neuron") if isinstance(x, torch.Tensor) else x for x in args]
+        try:
+            fn(*args, out=expected_out)
+        except RuntimeError as e:  # a result that cannot be cast into dtype: the same error
+            with pytest.raises(RuntimeError, match=str(e).split(" to the ")[0]):
+                fn(*neuron_args, out=out)
+            continue
+        fn(*neuron_args, out=out)
+        assert out.stride() == expected_out.stride()
+        assert torch.equal(out.cpu(), expected_out), (fn, dtype)
+
+
+def test_out_argument_of_another_shape_is_resized_with_the_cpus_warning():
+    a = torch.randn(3, 4)
+    out = torch.empty(5).to("neuron")
+    with pytest.warns(UserWarning, match="was resized"):
+        torch.add(a.to("neuron"), 1.0, out=out)
+    assert out.shape == (3, 4) and torch.equal(out.cpu(), a + 1.0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_nonfinite_classification_and_nan_to_num(dtype):
     x = torch.tensor([0.0, -1.5, float("inf"), -float("inf"), float("nan"), 3.0]).to(dtype)
