@@ -1,5 +1,6 @@
 """Large float32 add/sub/mul/div results written with streaming stores (ops/streaming.py):
 the same bits as the CPU, at any alignment, with tensor and scalar operands."""
+import numpy as np
 import pytest
 import torch
 
@@ -40,3 +41,9 @@ def test_small_results_and_other_dtypes_keep_the_generated_kernels():
     big = torch.empty(streaming.MIN_BYTES // 2, dtype=torch.float16).numpy()
     assert streaming.kernel_for("add_plain", big, [big, big]) is None
     assert streaming.kernel_for("maximum", out, [out, out]) is None
+
+
+def test_the_threshold_counts_the_arrays_a_loop_reads():
+    third = torch.empty(streaming.MIN_BYTES // 12 + 1).numpy()  # a third of MIN_BYTES
+    assert streaming.kernel_for("add_plain", third, [third, third]) is not None
+    assert streaming.kernel_for("add_plain", third, [third, np.float32(1)]) is None
