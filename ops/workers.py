@@ -119,6 +119,9 @@ class _Worker:
                     kernel(*args)
                 except BaseException as e:  # the caller raises it
                     self.error = e
+                # the slices see their HBM blocks: held until the next job, they would keep
+                # the allocator from handing the blocks out again (Note [Blocks still seen])
+                kernel = args = None
             ready = _finish_and_wait(self.done, expected, self.go, expected + 1, SPINS)
             expected += 1
 

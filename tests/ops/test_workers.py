@@ -118,3 +118,31 @@ def test_the_caller_takes_back_a_slice_no_worker_has_started():
     release.set()
     assert workers._wait(worker.done, worker.seq, 1 << 40)  # the worker reports both done
     assert ran[1] == ("first", "neuron-engine-99")
+
+
+def test_a_freed_result_of_a_split_kernel_is_handed_out_again():
+    # a worker drops its slices after its job: held, they would mark the result's HBM block
+    # as still seen, and the allocator would reserve a new block for every large result
+    x, y = torch.randn(1 << 20, device=N), torch.randn(1 << 20, device=N)
+    (x + y).cpu()
+    reserved = torch.neuron.memory_reserved()
+    for _ in range(3):
+        (x + y).cpu()
+    assert torch.neuron.memory_reserved() == reserved
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.int8])
+def test_large_copies_split_across_cores_give_the_cpus_bytes(dtype):
+    from neuron_eager.ops import elementwise as E
+
+    n = E._SPLIT_COPY_BYTES + 3  # at least 2 MB in every dtype, an odd length
+    x = (torch.randn(n) * 100).to(dtype)
+    xd = x.to(N)
+    assert torch.equal(xd.clone().cpu(), x)
+    out = torch.zeros(n, dtype=dtype, device=N)
+    out.copy_(xd)
+    assert torch.equal(out.cpu(), x)
+    shifted = x.clone()
+    shifted[1:] = x[:-1]
+    xd[1:] = xd[:-1].clone()  # another storage: split; a view of the same one: NumPy's copy
+    assert torch.equal(xd.cpu(), shifted)
