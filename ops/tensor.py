@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import OutOfMemory, core
-from neuron_eager.ops import _compat
+from neuron_eager.ops import _compat, workers
 
 _compat.rename_backend()
 DEVICE = torch.device(_compat.BACKEND, 0)
@@ -551,7 +551,7 @@ def to_cpu(t: NeuronTensor, stride=None) -> torch.Tensor:
     """A CPU copy of `t`, contiguous unless `stride` is given (Note [Host copies])."""
     out = torch.empty(t.shape, dtype=t.dtype) if stride is None else \
         torch.empty_strided(t.shape, stride, dtype=t.dtype)
-    np.copyto(host_array(out), t._nd)
+    workers.copy(host_array(out), t._nd)
     return out
 
 
@@ -559,5 +559,5 @@ def from_cpu(src: torch.Tensor, stride=None) -> NeuronTensor:
     """A new neuron tensor holding a copy of the CPU tensor `src` (contiguous unless
     `stride` is given)."""
     out = empty(src.shape, src.dtype, stride)
-    np.copyto(out._nd, host_array(src))
+    workers.copy(out._nd, host_array(src))
     return out

@@ -130,6 +130,27 @@ _workers: list[_Worker] = []
 _busy = threading.Lock()  # one split at a time; a second thread runs its kernel alone
 
 
+# Below 2 MB one thread copies as fast; a 16 MB copy took 0.74 ms in one, 0.40 ms in two
+# (np.copyto against this loop split over the workers, one process, alternating rounds).
+SPLIT_COPY_BYTES = 1 << 21
+
+
+@njit(nogil=True)
+def _copy_bytes(out, a):
+    for i in range(out.shape[0]):
+        out[i] = a[i]
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """np.copyto(dst, src) for arrays whose memory does not overlap; a large copy between
+    C-contiguous arrays of one shape and dtype runs one slice per core."""
+    if dst.nbytes >= SPLIT_COPY_BYTES and dst.shape == src.shape and dst.dtype == src.dtype \
+            and dst.flags.c_contiguous and src.flags.c_contiguous:
+        split_call(_copy_bytes, dst.reshape(-1).view(np.uint8), [src.reshape(-1).view(np.uint8)])
+    else:
+        np.copyto(dst, src)
+
+
 def _reset_after_fork() -> None:
     global _busy
     _workers.clear()  # the child has none of the parent's threads

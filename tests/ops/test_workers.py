@@ -133,9 +133,7 @@ def test_a_freed_result_of_a_split_kernel_is_handed_out_again():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.int8])
 def test_large_copies_split_across_cores_give_the_cpus_bytes(dtype):
-    from neuron_eager.ops import elementwise as E
-
-    n = E._SPLIT_COPY_BYTES + 3  # at least 2 MB in every dtype, an odd length
+    n = workers.SPLIT_COPY_BYTES + 3  # at least 2 MB in every dtype, an odd length
     x = (torch.randn(n) * 100).to(dtype)
     xd = x.to(N)
     assert torch.equal(xd.clone().cpu(), x)
@@ -146,3 +144,4 @@ def test_large_copies_split_across_cores_give_the_cpus_bytes(dtype):
     shifted[1:] = x[:-1]
     xd[1:] = xd[:-1].clone()  # another storage: split; a view of the same one: NumPy's copy
     assert torch.equal(xd.cpu(), shifted)
+    assert torch.equal(xd.cpu(), shifted.to(N).cpu())  # both host copies, split too
