@@ -15,7 +15,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
-from neuron_eager.ops import numerics
+from neuron_eager.ops import numerics, workers
 from neuron_eager.ops.numerics import warn_int64_range
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import register
@@ -88,7 +88,7 @@ def copy_(dst, src, non_blocking=False):
                 raise NotImplementedError(_FROM_META)
             if src.dtype == dst.dtype:
                 if src.shape == dst.shape:  # Note [Host copies]
-                    np.copyto(dst._nd, T.host_array(src))
+                    workers.copy(dst._nd, T.host_array(src))
                     if dst.dtype == torch.int64:
                         warn_int64_range(dst._nd)
                 else:  # broadcast, with torch's checks and errors
