@@ -568,6 +568,9 @@ def _launch_converted(dst, src, compute):
         "convert", numerics.identity, 0, ("a",), (numerics.CODE[src.dtype],), compute,
         numerics.CODE[dst.dtype], layout,
         config.stochastic_rounding and dst.dtype in (torch.bfloat16, torch.float16))
-    kernel(out_arr, arr)
+    if layout == "c" and out_arr.shape[0] >= SPLIT_MIN:  # one slice per core, as the ops
+        workers.split_call(kernel, out_arr, [arr])
+    else:
+        kernel(out_arr, arr)
     core.launch("vector", dst.numel(), out_arr.nbytes + arr.nbytes)
 

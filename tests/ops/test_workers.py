@@ -145,3 +145,20 @@ def test_large_copies_split_across_cores_give_the_cpus_bytes(dtype):
     xd[1:] = xd[:-1].clone()  # another storage: split; a view of the same one: NumPy's copy
     assert torch.equal(xd.cpu(), shifted)
     assert torch.equal(xd.cpu(), shifted.to(N).cpu())  # both host copies, split too
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32])
+def test_large_dtype_conversions_split_across_cores_give_the_cpus_bits(dtype):
+    from neuron_eager.ops import elementwise as E
+
+    n = E.SPLIT_MIN + 5
+    x = torch.randn(n) * 1e3
+    if dtype.is_floating_point:  # specials where the CPU defines the result
+        x[:7] = torch.tensor([float("inf"), -float("inf"), 1e-40, -0.0, 65520.0, 3.5,
+                              float("nan")])
+    xd = x.to(N)
+    bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+    for got, want in [(xd.to(dtype).cpu(), x.to(dtype)),
+                      (xd.to(dtype).to(torch.float32).cpu(), x.to(dtype).to(torch.float32))]:
+        view = bits.get(want.dtype, want.dtype)
+        assert torch.equal(got.view(view), want.view(view))
