@@ -316,16 +316,16 @@ def _run_out(functional, pointwise, func, args, kwargs):
 
 def _elementwise_into(functional, args, kwargs, dst: NeuronTensor) -> bool:
     """An elementwise out= call written straight into `dst`, as the in-place form is (the
-    result computed in the promoted type, rounded once into dst's dtype), when dst has the
-    result's shape; False to compute the result apart and copy it (resizes, other kernels).
-    A 16 MB add with out= took twice the functional add's time through the copy."""
+    result computed in the promoted type, rounded once into dst's dtype, or the CPU's cast
+    error), when dst has the result's shape; False to compute the result apart and copy it
+    (resizes, other kernels). A 16 MB add with out= took twice the functional add's time
+    through the copy."""
     planned = E.FUSIBLE[functional](*args, **kwargs)  # the kernel's own checks
     if planned is None or len(planned) != 3 or type(planned[0]) is not E.Elementwise:
         return False
     op, operands, params = planned
     arrays = [o.shape for o in operands if type(o) is NeuronTensor]
-    if not arrays or E.broadcast_shape(arrays) != tuple(dst.shape) or \
-            not torch.can_cast(E.dtypes_for(op, operands)[0], dst.dtype):
+    if not arrays or E.broadcast_shape(arrays) != tuple(dst.shape):
         return False
     E.run(op, operands, params, out=dst)
     return True

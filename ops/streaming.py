@@ -4,9 +4,9 @@ A large elementwise result is written once and not read again before it leaves t
 writing it through the cache costs a read of every line first (read-for-ownership) and
 evicts the operands. Non-temporal stores write whole lines straight to memory, as memcpy
 does above about 3/4 of the last-level cache (glibc's threshold, used here for the bytes the
-loop touches). LLVM's loop vectorizer will not emit them (it cannot prove the stores aligned), so the loop is written
-in LLVM IR: 8-float vectors, aligned non-temporal stores, a scalar head up to the first
-32-byte boundary and a scalar tail. The operations are single IEEE fp32 adds, subtracts,
+loop touches). LLVM's loop vectorizer will not emit them (it cannot prove the stores
+aligned), so the loop is written in LLVM IR: 8-float vectors, aligned non-temporal stores,
+a scalar head up to the first 32-byte boundary and a scalar tail. The operations are single IEEE fp32 adds, subtracts,
 multiplies and divides, so the bits are those of the generated kernels (tests compare).
 """
 from __future__ import annotations
