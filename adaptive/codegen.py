@@ -34,13 +34,14 @@ stats: dict = dict(STATS_ZERO)
 
 def source(spec) -> tuple[str, dict]:
     """Kernel source and recipes (global name -> recipe, see `elementwise.resolve`) for a
-    group `spec`: (layout, nodes, stores, n_out, n_in, n_scalars, aliases). Each node is
-    (op, operands, compute, out_code) with operands ("v", local node, load code), ("a",
+    group `spec`: (layout, nodes, stores, n_out, n_in, n_scalars, aliases, kinds). Each node
+    is (op, operands, compute, out_code) with operands ("v", local node, load code), ("a",
     input array, load code), ("t", scalar arg, load code: a 0-dim tensor's stored value) or
     ("s", scalar arg: a host-cast Python scalar or parameter); `stores` lists (local node,
     output array); `aliases` (input, output) pairs: inputs read through the output that
-    writes their memory (Note [In-place loops] in ops/kernelgen.py)."""
-    layout, nodes, stores, n_out, n_in, n_scalars, aliases = spec
+    writes their memory (Note [In-place loops] in ops/kernelgen.py); `kinds`, under layout
+    'b', each input's kind (Note [Broadcast rows] in ops/kernelgen.py)."""
+    layout, nodes, stores, n_out, n_in, n_scalars, aliases, kinds = spec
     aliases = dict(aliases)
     names = [f"o{k}" for k in range(n_out)] + [f"a{k}" for k in range(n_in)
                                                 if k not in aliases] + \
@@ -51,7 +52,8 @@ def source(spec) -> tuple[str, dict]:
     lines += loop
     for k in range(n_in):
         array = f"o{aliases[k]}" if k in aliases else f"a{k}"
-        lines.append(f"{pad}r{k} = {array}{idx}")
+        at = kernelgen.index(layout, kinds[k]) if kinds and k not in aliases else idx
+        lines.append(f"{pad}r{k} = {array}{at}")
     held = set()  # fp16 results held as their fp32 values (Note [fp16 values stay fp32])
     for j, (op, operands, compute, out_code) in enumerate(nodes):
         recipes[f"f{j}"] = ("op", op.name)

@@ -386,11 +386,19 @@ def _lay_out(region, g: Group) -> None:
     cshape, cstrides = kernelgen.coalesce(list(shape), strides)
     if len(cshape) > 4:
         return
+    kinds = kernelgen.broadcast_kinds(cshape, cstrides)  # (Note [Broadcast rows])
+    if kinds is not None and any(kind != "a" for kind in kinds[:len(g.stored)]):
+        # a smaller op's result written over the loop (Note [Smaller ops in a bigger loop])
+        kinds = None
     if len(cshape) == 1 and (cshape[0] == 1 or all(st[0] == 1 for st in cstrides)):
-        layout, views = "c", [((cshape[0],), (1,)) for _ in cstrides]
+        layout, views, kinds = "c", [((cshape[0],), (1,)) for _ in cstrides], ()
+    elif kinds is not None:
+        layout = "b"
+        views = [kernelgen.BROADCAST_VIEWS[kind](*cshape) for kind in kinds]
+        kinds = kinds[len(g.stored):]
     else:
         pad = 4 - len(cshape)
-        layout = "s"
+        layout, kinds = "s", ()
         views = [(tuple([1] * pad + cshape), tuple([0] * pad + st)) for st in cstrides]
     stores = tuple((local[j], k) for k, j in enumerate(g.stored))
     # an input that is the very memory and layout an in-place result is written to is read
@@ -402,7 +410,8 @@ def _lay_out(region, g: Group) -> None:
                 aliases.append((k_in, k_out))
                 break
     g.aliased = frozenset(k_in for k_in, _ in aliases)
-    g.spec = (layout, tuple(specs), stores, n_out, len(arrays), len(scalars), tuple(aliases))
+    g.spec = (layout, tuple(specs), stores, n_out, len(arrays), len(scalars), tuple(aliases),
+              kinds)
     _finish(region, g, views, arrays, scalars, n * _itemsizes(region, g, arrays), bytes_eager)
 
 
@@ -451,9 +460,17 @@ def _lay_out_row(region, g: Group) -> None:
     if len(rshape) > 1 or len(cshape) > 1:
         return  # rows or columns that no single stride walks: op by op
     views = [((rshape[0], cshape[0]), (rs[0], cs[0])) for rs, cs in zip(rstrides, cstrides)]
+    # an input every row reads whole (a LayerNorm weight) goes as its vector: contiguous, where
+    # its 2-D view (row stride 0) is strided to Numba (Note [Broadcast rows] in kernelgen.py)
+    n_out = len(g.stored)
+    kinds = tuple("col" if views[n_out + k][1] == (0, 1) and rshape[0] > 1 else "a"
+                  for k in range(len(arrays)))
+    for k, kind in enumerate(kinds):
+        if kind == "col":
+            views[n_out + k] = ((cshape[0],), (1,))
     stores = tuple((local[j], n) for n, j in enumerate(g.stored))
     long_rows = cshape[0] >= rowgen.LANES * rowgen.BLOCK  # (Note [Blocks side by side])
-    g.spec = ("r", tuple(specs), stores, len(g.stored), len(arrays), len(scalars), long_rows)
+    g.spec = ("r", tuple(specs), stores, n_out, len(arrays), len(scalars), long_rows, kinds)
     _finish(region, g, views, arrays, scalars, sum(sizes), bytes_eager)
 
 
@@ -573,7 +590,7 @@ def _run_kernel(region, values, g: Group, split: bool) -> bool:
         return True
     layout = g.spec[0]  # flat loops split by elements, row kernels by rows (2-D views)
     if split and prod(g.shape) >= E.SPLIT_MIN and (
-            layout == "c" or (layout == "r" and args[0].shape[0] > 1)):
+            layout in ("c", "b") or (layout == "r" and args[0].shape[0] > 1)):
         workers.split_call(kernel, args[0], args[1:])
     else:
         kernel(*args)

@@ -41,10 +41,11 @@ def schedule(nodes) -> tuple[list[int], list[int]]:
 
 def source(spec) -> tuple[str, dict]:
     """Kernel source and recipes for a row group `spec`: ("r", nodes, stores, n_out, n_in,
-    n_scalars, long_rows); each node is (role, op, operands, compute, out_code) where `op` is an
-    Elementwise for "full"/"row" nodes and "sum"/"mean"/"amax" for "red" nodes; operands
-    as in codegen.source; arrays are 2-D (rows, cols) views."""
-    _, nodes, stores, n_out, n_in, n_scalars, long_rows = spec
+    n_scalars, long_rows, kinds); each node is (role, op, operands, compute, out_code) where
+    `op` is an Elementwise for "full"/"row" nodes and "sum"/"mean"/"amax" for "red" nodes;
+    operands as in codegen.source; arrays are 2-D (rows, cols) views, but inputs of kind
+    "col" (one value per column, the same for every row) are their 1-D vectors."""
+    _, nodes, stores, n_out, n_in, n_scalars, long_rows, kinds = spec
     names = [f"o{k}" for k in range(n_out)] + [f"a{k}" for k in range(n_in)] + \
         [f"s{k}" for k in range(n_scalars)]
     recipes: dict = {}
@@ -70,6 +71,9 @@ def source(spec) -> tuple[str, dict]:
             return f"e{j}({local(j, lane)})"
         return local(j, lane)
 
+    def element(ref, col):
+        return f"a{ref}[{col}]" if kinds[ref] == "col" else f"a{ref}[r, {col}]"
+
     def value(j, pad, col, lane=""):
         role, op, operands, compute, out_code = nodes[j]
         recipes[f"st{j}"] = ("rounder", "f16") if j in held else ("storer", out_code)
@@ -83,7 +87,7 @@ def source(spec) -> tuple[str, dict]:
             if kind == "v":
                 arg = local(ref, lane)
             else:
-                arg = f"a{ref}[r, {col}]" if kind == "a" else f"s{ref}"
+                arg = element(ref, col) if kind == "a" else f"s{ref}"
             args.append(f"l{j}_{i}({arg})")
         recipes[f"f{j}"] = ("op", op.name)
         return f"{pad}{local(j, lane)} = st{j}(f{j}({', '.join(args)}))"
@@ -130,8 +134,8 @@ def source(spec) -> tuple[str, dict]:
                 if j in store_of and passes[j] == p:
                     out.append(f"{pad}o{store_of[j]}[r, {col}] = {stored(j, lane)}")
             for j in reds:
-                out.append(_red_step(j, nodes[j], recipes, j not in streamed, local, pad, col,
-                                     lane, held))
+                out.append(_red_step(j, nodes[j], recipes, j not in streamed, local, element,
+                                     pad, col, lane, held))
             return out
 
         if not streamed:
@@ -159,8 +163,8 @@ def _np_type(out_code: str) -> str:
     return "np.bool_" if dtype == torch.bool else f"np.{T.STORAGE_DTYPE[dtype].name}"
 
 
-def _red_step(j, node, recipes, buffered: bool, local, pad: str, col: str, lane: str,
-              held: set) -> str:
+def _red_step(j, node, recipes, buffered: bool, local, element, pad: str, col: str,
+              lane: str, held: set) -> str:
     """Inside a column loop. Buffered: the value goes to the row buffer (no carried
     dependency: LLVM vectorizes the loop; the ordered reduction runs after). Streamed (sums
     in plain-arithmetic passes): added to its block's partial sum (Note [Blocks side by
@@ -168,7 +172,7 @@ def _red_step(j, node, recipes, buffered: bool, local, pad: str, col: str, lane:
     _, name, operands, compute, _ = node
     kind, ref, code = operands[0]
     recipes[f"l{j}_0"] = ("loader", "f32" if kind == "v" and ref in held else code, compute)
-    arg = local(ref, lane) if kind == "v" else f"a{ref}[r, {col}]"
+    arg = local(ref, lane) if kind == "v" else element(ref, col)
     if buffered:
         return f"{pad}buf{j}[{col}] = l{j}_0({arg})"
     return f"{pad}part{j}{lane} += l{j}_0({arg})"

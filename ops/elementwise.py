@@ -489,17 +489,16 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
                                               [[st[d] for d in order] for st in strides])
         if len(cshape) > 4:
             return _run_sliced(op, operands, params, out)
-        pad = 4 - len(cshape)
-        cshape = [1] * pad + cshape
-        views = [_strided(t, cshape, [0] * pad + st) for t, st in zip(tensors, cstrides)]
-        out_arr, it = views[0], iter(views[1:])
+        layout, views, array_kinds = _broadcast_views(tensors, cshape, cstrides)
+        out_arr, it, kind_of = views[0], iter(views[1:]), iter(array_kinds[1:])
         args = [next(it) if isinstance(a, NeuronTensor) else a for a in args]
+        kinds = [next(kind_of) if kind == "a" else kind for kind in kinds]
     out_code = _out_code(out.dtype, compute)
     kernel = kernelgen.elementwise_kernel(
         op.name, op.fn, op.nparams, tuple(kinds), tuple(codes), compute, out_code, layout,
         config.stochastic_rounding and out.dtype in (torch.bfloat16, torch.float16))
     cparams = [numerics.scalar_for(p, compute) for p in params]
-    if contiguous and n >= SPLIT_MIN:
+    if layout != "s" and n >= SPLIT_MIN:
         workers.split_call(kernel, out_arr, [*args, *cparams])
     else:
         kernel(out_arr, *args, *cparams)
@@ -509,6 +508,22 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
         a.size * a.itemsize for a in args if isinstance(a, np.ndarray))
     core.launch(op.engine, n, moved)
     return out
+
+
+def _broadcast_views(tensors, cshape, cstrides) -> tuple[str, list, tuple]:
+    """(layout, NumPy views, array kinds) of tensors (the output first) over a coalesced shape
+    with their strides there: layout 'b' where it fits (Note [Broadcast rows] in
+    kernelgen.py), else 's' (4-D strided views, kinds all "a")."""
+    kinds = kernelgen.broadcast_kinds(cshape, cstrides)
+    if kinds is not None:
+        rows, cols = cshape
+        views = [_strided(t, *kernelgen.BROADCAST_VIEWS[kind](rows, cols))
+                 for t, kind in zip(tensors, kinds)]
+        return "b", views, kinds
+    pad = 4 - len(cshape)
+    cshape = [1] * pad + list(cshape)
+    views = [_strided(t, cshape, [0] * pad + st) for t, st in zip(tensors, cstrides)]
+    return "s", views, ("a",) * len(tensors)
 
 
 def memory_order(stride) -> list[int]:
@@ -550,7 +565,7 @@ def _launch_converted(dst, src, compute):
         return
     shape = tuple(dst.shape)
     if dst.is_contiguous() and src.is_contiguous() and src.shape == dst.shape:
-        layout, out_arr, arr = "c", dst._nd.reshape(-1), src._nd.reshape(-1)
+        layout, out_arr, arr, kind = "c", dst._nd.reshape(-1), src._nd.reshape(-1), "a"
     else:
         cshape, (so, si) = kernelgen.coalesce(shape, [list(dst.stride()),
                                                       broadcast_strides(src, shape)])
@@ -559,16 +574,12 @@ def _launch_converted(dst, src, compute):
                 _launch_converted(dst[i], src[i] if src.dim() == dst.dim() and src.shape[0] > 1
                                   else (src[0] if src.dim() == dst.dim() else src), compute)
             return
-        pad = 4 - len(cshape)
-        cshape = [1] * pad + cshape
-        layout = "s"
-        out_arr = _strided(dst, cshape, [0] * pad + so)
-        arr = _strided(src, cshape, [0] * pad + si)
+        layout, (out_arr, arr), (_, kind) = _broadcast_views([dst, src], cshape, [so, si])
     kernel = kernelgen.elementwise_kernel(
-        "convert", numerics.identity, 0, ("a",), (numerics.CODE[src.dtype],), compute,
+        "convert", numerics.identity, 0, (kind,), (numerics.CODE[src.dtype],), compute,
         numerics.CODE[dst.dtype], layout,
         config.stochastic_rounding and dst.dtype in (torch.bfloat16, torch.float16))
-    if layout == "c" and out_arr.shape[0] >= SPLIT_MIN:  # one slice per core, as the ops
+    if layout != "s" and dst.numel() >= SPLIT_MIN:  # one slice per core, as the ops
         workers.split_call(kernel, out_arr, [arr])
     else:
         kernel(out_arr, arr)

@@ -161,8 +161,9 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def split_call(kernel, out: np.ndarray, args: list) -> None:
-    """kernel(out, *args) over flat arrays as long as `out` (scalars pass whole), in COUNT
-    slices run side by side."""
+    """kernel(out, *args) in COUNT slices of `out`'s first dim run side by side: arrays of
+    out's rank are sliced with it; scalars and arrays of a lower rank (a vector every row
+    reads: Note [Broadcast rows] in kernelgen.py) pass whole."""
     if COUNT == 1 or hasattr(kernel, "py_kernel") or not _busy.acquire(blocking=False):
         kernel(out, *args)
         return
@@ -173,12 +174,14 @@ def split_call(kernel, out: np.ndarray, args: list) -> None:
             _workers.append(_Worker(len(_workers) + 1))
         n = out.shape[0]
         bounds = [n * i // COUNT for i in range(COUNT + 1)]
+        rank = out.ndim
+        sliced = [isinstance(a, np.ndarray) and a.ndim == rank for a in args]
         for worker, lo, hi in zip(_workers, bounds[1:-1], bounds[2:]):
-            worker.post(kernel, [out[lo:hi], *[a[lo:hi] if isinstance(a, np.ndarray) else a
-                                                for a in args]])
+            worker.post(kernel, [out[lo:hi], *[a[lo:hi] if cut else a
+                                                for a, cut in zip(args, sliced)]])
         try:
             head = bounds[1]
-            kernel(out[:head], *[a[:head] if isinstance(a, np.ndarray) else a for a in args])
+            kernel(out[:head], *[a[:head] if cut else a for a, cut in zip(args, sliced)])
         finally:
             errors = []
             for worker in _workers:  # every one, so none is still busy after an error

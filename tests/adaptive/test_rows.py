@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from neuron_eager import adaptive
-from neuron_eager.adaptive import recording
+from neuron_eager.adaptive import fusion, recording
 
 from test_adaptive import both_modes
 
@@ -71,6 +71,22 @@ def test_long_rows_keep_the_eager_sum_order(shape, dtype):
     both_modes(lambda t: (t * 3 - 1).sum(-1, keepdim=True) + t.exp().mean(-1, keepdim=True), x)
     if len(shape) == 4:
         both_modes(lambda t: (t * 2).sum((-2, -1)), x)  # 1024 columns made of two dims
+
+
+def _specs() -> list:
+    return [g.spec for g in fusion.history[-1][2].groups if g.spec is not None]
+
+
+# weights every row reads are passed as their vectors (Note [Broadcast rows] in
+# ops/kernelgen.py), whole to every slice of a loop split across cores
+@pytest.mark.parametrize("rows", [3, 512])
+def test_weights_every_row_reads_go_whole_to_each_slice(rows):
+    x, w, b = _inputs((rows, 1024), torch.float32, seed=3)
+    both_modes(layer_norm, x, w, b)
+    assert [spec[-1] for spec in _specs()] == [("a", "col", "col")]  # x, w, b
+    scale = x[:, :1] * 0.5  # a column vector
+    both_modes(lambda t, w, b, s: t * w + b * s, x, w, b, scale)
+    assert [(spec[0], spec[-1]) for spec in _specs()] == [("b", ("a", "col", "col", "row"))]
 
 
 @pytest.mark.parametrize("reduce", [

@@ -1,0 +1,79 @@
+"""Broadcast elementwise loops (layout 'b', Note [Broadcast rows] in ops/kernelgen.py): a
+contiguous result read with whole arrays, row vectors and column vectors gives the CPU's
+bits, split across cores or not, in place or not, and in a dtype conversion."""
+import pytest
+import torch
+
+import neuron_eager  # noqa: F401
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import kernelgen
+
+N = torch.device("neuron")
+BIG = 512  # rows of BIG x 1024 elements: at least SPLIT_MIN, so the loop runs in slices
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 3).to(dtype)
+    return torch.randint(-50, 50, shape, generator=g, dtype=dtype)
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.device.type == "neuron" and got.dtype == want.dtype and got.shape == want.shape
+    got = got.cpu()
+    if want.dtype.is_floating_point:
+        got, want = got.float(), want.float()  # (NaN-free inputs: equal values, equal bits)
+    assert torch.equal(got, want)
+
+
+def _layouts_used() -> set:
+    return {key[6] for key in kernelgen._kernels}
+
+
+def test_broadcasting_operands_use_the_broadcast_layout():
+    assert E.SPLIT_MIN <= BIG * 1024
+    x, w = _rand(4, 8).to(N), _rand(8, seed=1).to(N)
+    kernelgen._kernels.clear()
+    x * w
+    assert _layouts_used() == {"b"}
+
+
+@pytest.mark.parametrize("rows", [3, BIG])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_row_and_column_vectors_give_the_cpus_bits(rows, dtype):
+    x = _rand(rows, 1024, dtype=dtype)
+    w, c = _rand(1024, dtype=dtype, seed=1), _rand(rows, 1, dtype=dtype, seed=2)
+    xd, wd, cd = x.to(N), w.to(N), c.to(N)
+    _same(xd * wd + cd, x * w + c)  # a row vector, then a column vector
+    _same(wd - cd, w - c)  # both vectors, a whole result
+    _same(torch.where(xd > 0, wd, cd), torch.where(x > 0, w, c))
+    scores = _rand(2, rows, 64, dtype=dtype, seed=3)  # (2, rows, 64) by (rows, 64): a mask
+    mask = _rand(rows, 64, dtype=dtype, seed=4) > 0  # over the batch coalesces to a row vector
+    _same(scores.to(N).masked_fill(mask.to(N), 7), scores.masked_fill(mask, 7))
+
+
+@pytest.mark.parametrize("rows", [3, BIG])
+def test_in_place_broadcasts_give_the_cpus_bits(rows):
+    x, w, c = _rand(rows, 1024), _rand(1024, seed=1), _rand(rows, 1, seed=2)
+    xd = x.to(N)
+    xd.add_(w.to(N)).mul_(c.to(N))
+    _same(xd, (x + w) * c)
+
+
+def test_other_layouts_keep_the_strided_loop():
+    x, w = _rand(64, 48), _rand(64, 1, seed=1)
+    xd, wd = x.to(N), w.to(N)
+    _same(xd.t() + wd.t(), x.t() + w.t())  # a transposed result: its rows are columns
+    _same(xd[:, ::2] * wd, x[:, ::2] * w)  # a strided operand: neither whole nor a vector
+    _same(xd[:, None, :] + xd[None, :8, :1], x[:, None, :] + x[None, :8, :1])
+
+
+@pytest.mark.parametrize("rows", [3, BIG])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_broadcast_conversions_give_the_cpus_bits(rows, dtype):
+    w, c = _rand(1024, seed=1) * 1e3, _rand(rows, 1, seed=2) * 1e3
+    for vector in (w, c):
+        want = torch.empty(rows, 1024, dtype=dtype).copy_(vector)
+        got = torch.empty(rows, 1024, dtype=dtype, device=N).copy_(vector.to(N))
+        _same(got, want)
