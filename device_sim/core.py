@@ -13,7 +13,7 @@ from .cost import CostModel
 from .hbm import CachingAllocator
 from .spec import CHIPS, ChipSpec
 
-_CACHE_LIMIT = 4096  # distinct (engine, elements, bytes) kinds kept priced
+_CACHE_LIMIT = 4096  # distinct launch kinds kept priced
 
 
 class NeuronCore:
@@ -43,18 +43,20 @@ class NeuronCore:
         self.hbm_bytes_moved += nbytes
         self.launches_by_engine[engine] += 1
         self.elements_by_engine[engine] += elements
-        if engine == "tensor" or bytes_read is not None or bytes_written is not None:
+        if bytes_read is not None or bytes_written is not None or type(matmul) is list:
             cost = self.cost_model.cost(engine, elements, nbytes, bytes_read=bytes_read,
                                         bytes_written=bytes_written, matmul=matmul,
                                         tiles=tiles, dtype=dtype)
             start, end = self.clock.schedule(engine, cost.duration_ps)
-        else:  # the hot path: elementwise kinds repeat, so their price is cached
-            key = (engine, elements, nbytes)
+        else:  # the hot path: launch kinds repeat (a model's matmuls too), prices are cached
+            key = (engine, elements, nbytes, matmul, tiles, dtype,
+                   config.auto_cast if engine == "tensor" else None)  # (its rate depends)
             priced = self._priced.get(key)
             if priced is None:
                 if len(self._priced) >= _CACHE_LIMIT:
                     self._priced.clear()
-                c = self.cost_model.cost(engine, elements, nbytes)
+                c = self.cost_model.cost(engine, elements, nbytes, matmul=matmul, tiles=tiles,
+                                         dtype=dtype)
                 priced = self._priced[key] = (c, c.duration_ps)
             cost, duration = priced
             start, end = self.clock.schedule(engine, duration)

@@ -69,6 +69,16 @@ def test_auto_cast_runs_fp32_matmul_at_bf16_rate(monkeypatch):
     assert slow.engine_ns == pytest.approx(4 * fast.engine_ns)
 
 
+def test_the_core_reprices_a_cached_matmul_when_auto_cast_changes(monkeypatch):
+    core = NeuronCore(CHIPS["trn2"], 1 << 20)
+    args = ("tensor", 128 ** 3, 0)
+    kwargs = dict(matmul=(1, 128, 128, 128), dtype="fp32")
+    slow = core.launch(*args, **kwargs)
+    assert core.launch(*args, **kwargs) == slow  # (priced once, from the cache)
+    monkeypatch.setattr(config, "auto_cast", "matmult")
+    assert core.launch(*args, **kwargs) == core.cost_model.cost(*args, **kwargs) != slow
+
+
 def test_large_copy_is_bandwidth_bound():
     model = CostModel(CHIPS["trn2"])
     nbytes = 1 << 30
