@@ -467,7 +467,7 @@ def _lay_out_row(region, g: Group) -> None:
                   for k in range(len(arrays)))
     for k, kind in enumerate(kinds):
         if kind == "col":
-            views[n_out + k] = ((cshape[0],), (1,))
+            views[n_out + k] = kernelgen.BROADCAST_VIEWS["col"](rshape[0], cshape[0])
     stores = tuple((local[j], n) for n, j in enumerate(g.stored))
     long_rows = cshape[0] >= rowgen.LANES * rowgen.BLOCK  # (Note [Blocks side by side])
     g.spec = ("r", tuple(specs), stores, n_out, len(arrays), len(scalars), long_rows, kinds)

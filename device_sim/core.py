@@ -49,8 +49,9 @@ class NeuronCore:
                                         tiles=tiles, dtype=dtype)
             start, end = self.clock.schedule(engine, cost.duration_ps)
         else:  # the hot path: launch kinds repeat (a model's matmuls too), prices are cached
-            key = (engine, elements, nbytes, matmul, tiles, dtype,
-                   config.auto_cast if engine == "tensor" else None)  # (its rate depends)
+            key = (engine, elements, nbytes) if matmul is None and tiles is None and \
+                dtype is None else (engine, elements, nbytes, matmul, tiles, dtype,
+                                    config.auto_cast)  # (a matmul's rate depends on it)
             priced = self._priced.get(key)
             if priced is None:
                 if len(self._priced) >= _CACHE_LIMIT:
