@@ -443,7 +443,10 @@ def dispatch(func, args, kwargs):
         if action is not None:
             recorder, plan = action
             if recorder is None:  # a foreach op: its per-tensor ops come back through per_tensor()
-                return _run_foreach(func, args, kwargs)
+                if foreach.records(args):  # else one launch, as in plain eager (Note
+                    return _run_foreach(func, args, kwargs)  # [Foreach in adaptive eager])
+                _sync(func, args, kwargs)
+                return _inner(func, args, kwargs)
             _site = site = _site_of(func, args)
             skip = _alone.get(site)
             if skip and recorder is _record and not _reads_pending(args, kwargs):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from neuron_eager.ops import elementwise as E
 from neuron_eager.ops.registry import KERNELS, register
 
 aten = torch.ops.aten
@@ -29,6 +30,42 @@ def direct(op, args, kwargs):
     """`call` without the adaptive hook."""
     kernel = KERNELS.get(op)
     return kernel(*args, **kwargs) if kernel is not None else op(*args, **kwargs)
+
+
+# Elements per tensor from which adaptive eager records a foreach op's per-tensor steps, to
+# fuse them with the ops around it, instead of one multi-tensor launch (Note [Foreach in
+# adaptive eager]).
+RECORD_MIN = 1 << 16
+
+
+def records(args) -> bool:
+    """Whether adaptive eager records the per-tensor steps of a foreach op with these
+    arguments (its first tensor list decides)."""
+    for tensors in args:
+        if type(tensors) is list or type(tensors) is tuple:
+            return sum(t.numel() for t in tensors) >= RECORD_MIN * max(len(tensors), 1)
+    return True
+
+
+# Note [Foreach in adaptive eager]
+# Recording a per-tensor step costs several microseconds of Python, more than running it on
+# a small tensor; fusing pays when a step's pass over memory costs more than that. So a
+# foreach op over small tensors (an optimizer step of a small model) runs as one
+# multi-tensor launch in adaptive eager too, after the pending ops it reads, and over large
+# tensors its steps are recorded and fuse into one pass (with those of the ops around it).
+
+
+def _many(func, rows, args) -> list | None:
+    """The per-tensor calls `rows` ((args, kwargs) of `func` each) as one multi-tensor launch
+    (Note [Multi-tensor launches] in elementwise.py); None when they must run one by one:
+    not an elementwise op, a call off its fast path, or adaptive eager records them."""
+    if per_tensor is not None and records(args):
+        return None
+    inplace = func in E.FUSIBLE_INPLACE
+    plan = E.FUSIBLE_INPLACE.get(func) if inplace else E.FUSIBLE.get(func)
+    if plan is None:
+        return None
+    return E.run_many([plan(*a, **kw) for a, kw in rows], inplace)  # (raises before any run)
 
 
 def _check(*lists):
@@ -58,19 +95,21 @@ _UNARY = ["abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "erfc", "
 
 
 def _unary(name):
-    functional = getattr(aten, name).default
-    step = _inplace(functional, getattr(aten, name + "_").default)
+    functional, inplace = getattr(aten, name).default, getattr(aten, name + "_").default
+    step = _inplace(functional, inplace)
 
     @register(getattr(aten, "_foreach_" + name).default)
     def foreach(tensors):
         _check(tensors)
-        return [call(functional, t) for t in tensors]
+        return _many(functional, [((t,), {}) for t in tensors], (tensors,)) or \
+            [call(functional, t) for t in tensors]
 
     @register(getattr(aten, f"_foreach_{name}_").default)
     def foreach_(tensors):
         _check(tensors)
-        for t in tensors:
-            step(t)
+        if _many(inplace, [((t,), {}) for t in tensors], (tensors,)) is None:
+            for t in tensors:
+                step(t)
 
 
 for _name in _UNARY:
@@ -117,14 +156,17 @@ def _binary(name, kind, functional, inplace):
     @register(getattr(getattr(aten, "_foreach_" + name), kind))
     def foreach(tensors, other, **kwargs):
         _check(tensors, *([other] if kind in ("List", "ScalarList") else []))
-        return [call(functional, t, _operand(kind, other, i), **kwargs)
-                for i, t in enumerate(tensors)]
+        rows = [((t, _operand(kind, other, i)), kwargs) for i, t in enumerate(tensors)]
+        return _many(functional, rows, (tensors,)) or \
+            [call(functional, *a, **kwargs) for a, _ in rows]
 
     @register(getattr(getattr(aten, f"_foreach_{name}_"), kind))
     def foreach_(tensors, other, **kwargs):
         _check(tensors, *([other] if kind in ("List", "ScalarList") else []))
-        for i, t in enumerate(tensors):
-            step(t, _operand(kind, other, i), **kwargs)
+        rows = [((t, _operand(kind, other, i)), kwargs) for i, t in enumerate(tensors)]
+        if inplace is None or _many(inplace, rows, (tensors,)) is None:
+            for a, _ in rows:
+                step(*a, **kwargs)
 
 
 for _name, _kinds in _BINARY.items():
@@ -154,21 +196,26 @@ def _scalars(kind, value, n):
     return [value] * n
 
 
+def _addc_rows(tensors, tensors1, tensors2, values) -> list:
+    return [((t, a, b), {"value": v}) for t, a, b, v in zip(tensors, tensors1, tensors2, values)]
+
+
 def _addc(name):
     functional = getattr(aten, name).default
     inplace = getattr(aten, name + "_").default
     for kind in ("Scalar", "ScalarList", "Tensor"):
         def foreach(tensors, tensors1, tensors2, value=1, _kind=kind):
             _check(tensors, tensors1, tensors2)
-            values = _scalars(_kind, value, len(tensors))
-            return [call(functional, t, a, b, value=v)
-                    for t, a, b, v in zip(tensors, tensors1, tensors2, values)]
+            rows = _addc_rows(tensors, tensors1, tensors2, _scalars(_kind, value, len(tensors)))
+            return _many(functional, rows, (tensors,)) or \
+                [call(functional, *a, **kw) for a, kw in rows]
 
         def foreach_(tensors, tensors1, tensors2, value=1, _kind=kind):
             _check(tensors, tensors1, tensors2)
-            for t, a, b, v in zip(tensors, tensors1, tensors2,
-                                  _scalars(_kind, value, len(tensors))):
-                call(inplace, t, a, b, value=v)
+            rows = _addc_rows(tensors, tensors1, tensors2, _scalars(_kind, value, len(tensors)))
+            if _many(inplace, rows, (tensors,)) is None:
+                for a, kw in rows:
+                    call(inplace, *a, **kw)
 
         register(getattr(getattr(aten, "_foreach_" + name), kind))(foreach)
         register(getattr(getattr(aten, f"_foreach_{name}_"), kind))(foreach_)
@@ -187,13 +234,17 @@ for _kind, _ops_pair in {"List": (aten.lerp.Tensor, aten.lerp_.Tensor),
                          "ScalarList": (aten.lerp.Scalar, aten.lerp_.Scalar)}.items():
     def _lerp(tensors, ends, weight, _kind=_kind, _op=_ops_pair[0]):
         _check(tensors, ends, *([weight] if _kind != "Scalar" else []))
-        return [call(_op, t, e, _weights(_kind, weight, i))
-                for i, (t, e) in enumerate(zip(tensors, ends))]
+        rows = [((t, e, _weights(_kind, weight, i)), {}) for i, (t, e) in
+                enumerate(zip(tensors, ends))]
+        return _many(_op, rows, (tensors,)) or [call(_op, *a) for a, _ in rows]
 
     def _lerp_(tensors, ends, weight, _kind=_kind, _op=_ops_pair[1]):
         _check(tensors, ends, *([weight] if _kind != "Scalar" else []))
-        for i, (t, e) in enumerate(zip(tensors, ends)):
-            call(_op, t, e, _weights(_kind, weight, i))
+        rows = [((t, e, _weights(_kind, weight, i)), {}) for i, (t, e) in
+                enumerate(zip(tensors, ends))]
+        if _many(_op, rows, (tensors,)) is None:
+            for a, _ in rows:
+                call(_op, *a)
 
     register(getattr(aten._foreach_lerp, _kind))(_lerp)
     register(getattr(aten._foreach_lerp_, _kind))(_lerp_)

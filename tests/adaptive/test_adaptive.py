@@ -16,7 +16,7 @@ import neuron_eager
 from neuron_eager import adaptive
 from neuron_eager.adaptive import codegen, fusion, recording
 from neuron_eager.device_sim import core
-from neuron_eager.ops import router
+from neuron_eager.ops import foreach, router
 from neuron_eager.ops import tensor as T
 
 N = torch.device("neuron")
@@ -169,6 +169,37 @@ def test_repeated_chain_fuses_into_one_kernel():
     assert s["ops_recorded"] == 15 and s["hbm_bytes_not_moved"] > 0
     assert "fused (cache hit)" in adaptive.explain()
     assert "test_adaptive.py" in adaptive.explain()
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_foreach_steps_fuse_only_over_large_tensors(large, monkeypatch):
+    """Note [Foreach in adaptive eager]: small tensors get one multi-tensor launch per foreach
+    op, as in plain eager; large ones (RECORD_MIN lowered to count these as large) have their
+    steps recorded and fused into one launch for the whole update."""
+    if large:
+        monkeypatch.setattr(foreach, "RECORD_MIN", 64)
+    grads = [rand(8, 8, seed=k) for k in range(3)]
+
+    def update(params, bufs):
+        torch._foreach_mul_(bufs, 0.9)
+        torch._foreach_add_(bufs, grads)
+        torch._foreach_add_(params, bufs, alpha=-0.1)
+        return tuple(params + bufs)
+
+    def fresh():
+        return [rand(8, 8, seed=10 + k) for k in range(3)], [rand(8, 8, seed=20 + k)
+                                                             for k in range(3)]
+
+    both_modes(lambda: update(*fresh()))  # same bits, and the kernels are compiled
+    adaptive.enable()
+    for sighting in range(2):  # (the second runs the compiled kernels)
+        params, bufs = fresh()
+        adaptive.reset_stats()
+        before = core.kernels_launched
+        update(params, bufs)
+        torch.neuron.synchronize()
+    assert core.kernels_launched - before == (1 if large else 3)
+    assert adaptive.stats()["ops_recorded"] == (9 if large else 0)
 
 
 def test_an_op_that_ran_alone_runs_eagerly_and_is_recorded_again_later():

@@ -9,6 +9,7 @@ import pytest
 
 import neuron_eager
 from neuron_eager import adaptive, workloads
+from neuron_eager.ops import foreach
 
 from test_adaptive import same_bits
 
@@ -43,17 +44,23 @@ def same_run(got, expected):
         same_bits(g, e)
 
 
-@pytest.mark.parametrize("compile_after", [2, 1])
+@pytest.mark.parametrize("compile_after, record_min", [(2, None), (1, None), (1, 0)])
 @pytest.mark.parametrize("name", ["mlp", "transformer"])
-def test_training_steps_same_bits(name, compile_after, monkeypatch):
+def test_training_steps_same_bits(name, compile_after, record_min, monkeypatch):
+    """record_min=0: the optimizer's foreach steps are recorded and fused too, as they are for
+    large parameters (Note [Foreach in adaptive eager])."""
     monkeypatch.setattr(adaptive.options, "compile_after", compile_after)
+    if record_min is not None:
+        monkeypatch.setattr(foreach, "RECORD_MIN", record_min)
     neuron_eager.clear_op_tracking()
     got = train(name, "small", True)
     same_run(got, plain(name, "small"))
     assert neuron_eager.get_fallback_ops() == {}
     stats = adaptive.stats()
-    assert stats["ops_recorded"] > 0 and stats["compile_failures"] == 0
-    if name == "transformer":  # the MLP's GELU sits between matmuls alone: nothing to fuse
+    assert stats["compile_failures"] == 0
+    # the MLP's GELU sits between matmuls alone: only its SGD steps can fuse
+    if name == "transformer" or record_min == 0:
+        assert stats["ops_recorded"] > 0
         assert stats["fused_kernels"] >= STEPS - compile_after + 1
 
 

@@ -156,3 +156,51 @@ def test_foreach_errors():
         torch._foreach_add(a, a + a)
     with pytest.raises(RuntimeError, match="at least one tensor"):
         torch._foreach_mul([], 2.0)
+
+
+# -- multi-tensor launches (Note [Multi-tensor launches] in ops/elementwise.py) --------------
+def _launches(fn):
+    from neuron_eager.device_sim import core
+
+    before = core.kernels_launched
+    fn()
+    return core.kernels_launched - before
+
+
+def test_a_foreach_op_is_one_launch_with_the_per_tensor_bits(seed):
+    a, b = _lists(), _lists(positive=True)
+    x, y = [t.to(NEURON) for t in a], [t.to(NEURON) for t in b]
+    y1 = [u + 1 for u in y]
+    one_by_one = [torch.addcdiv(t, u, u1, value=-0.3) for t, u, u1 in zip(x, y, y1)]
+    assert _launches(lambda: torch._foreach_addcdiv_(x, y, y1, -0.3)) == 1
+    torch._foreach_addcdiv_(a, b, [u + 1 for u in b], -0.3)
+    for got, each, expected in zip(x, one_by_one, a):
+        assert torch.equal(got.cpu(), each.cpu())
+        torch.testing.assert_close(got.cpu(), expected)
+    assert _launches(lambda: torch._foreach_sqrt(y)) == 1
+    # a list off the fast path (a transposed tensor) runs tensor by tensor, right
+    z = [y[0].t(), y[1]]
+    assert _launches(lambda: torch._foreach_mul_(z, 2.0)) == 2
+    torch.testing.assert_close(z[0].cpu(), (b[0] * 2).t())
+
+
+def test_foreach_lists_that_alias_update_in_order(seed):
+    a, b = _lists(2), _lists(2)
+    x, y = [t.to(NEURON) for t in a], [t.to(NEURON) for t in b]
+    torch._foreach_add_([x[0], x[0]], [y[0], y[0]], alpha=0.5)  # the same tensor twice
+    torch._foreach_add_([x[1], y[1]], [y[1], x[1]])  # each reads the other's update
+    torch._foreach_add_([a[0], a[0]], [b[0], b[0]], alpha=0.5)
+    torch._foreach_add_([a[1], b[1]], [b[1], a[1]])
+    for got, expected in zip(x + y, a + b):
+        torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_a_foreach_op_that_fails_on_one_tensor_leaves_what_the_cpu_leaves():
+    """The CPU updates the tensors before the one it refuses; so do we (tensor by tensor)."""
+    cpu = [torch.ones(3), torch.ones(2), torch.ones(2, dtype=torch.int64)]
+    dev = [t.to(NEURON) for t in cpu]
+    for lists in (cpu, dev):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+            torch._foreach_div_(lists, 3.0)
+    for got, expected in zip(dev, cpu):
+        assert torch.equal(got.cpu(), expected)
