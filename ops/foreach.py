@@ -1,9 +1,11 @@
 """The aten._foreach_* ops (what torch.optim's foreach paths and clip_grad_norm_ call).
 
-Each one loops the per-tensor kernel over its lists: the registered kernel is
-called directly (no second trip through the dispatcher); an op without one
-goes through the router like any other call. In-place forms use the per-tensor
-in-place op where one exists, else compute and copy back.
+An elementwise one over contiguous tensors is one multi-tensor launch
+(elementwise.run_many). Otherwise each loops the per-tensor kernel over its
+lists: the registered kernel is called directly (no second trip through the
+dispatcher); an op without one goes through the router like any other call.
+In-place forms use the per-tensor in-place op where one exists, else compute
+and copy back.
 """
 from __future__ import annotations
 
@@ -283,5 +285,6 @@ def foreach_clone(tensors, *, memory_format=None):
     return [call(aten.clone.default, t, memory_format=memory_format) for t in tensors]
 
 
-# The foreach kernels of this module: each reaches memory only through `call`.
+# The foreach kernels of this module: each reaches memory only through `call`, or through
+# `_many` when adaptive eager does not record it (and has run the pending ops first).
 FOREACH_KERNELS = frozenset(op for op in KERNELS if op.name().startswith("aten::_foreach_"))
