@@ -83,7 +83,8 @@ def stats() -> dict:
     how many it loaded from the disk cache (disk_hits; disk_writes: kernel files written,
     disk_fallbacks: kernels made in memory because the disk cache failed), and ops run
     eagerly because they ran alone before (ops_run_alone: Note [Ops that run alone] in
-    recording.py)."""
+    recording.py) or because they were foreach ops over small tensors, each one multi-tensor
+    launch (foreach_ops_run_eagerly: Note [Foreach in adaptive eager] in ops/foreach.py)."""
     return dict(fusion.stats, **codegen.stats, **recording.counts,
                 flush_reasons=dict(fusion.flush_reasons),
                 cached_kernels=codegen.cache_size())
@@ -92,7 +93,7 @@ def stats() -> dict:
 def reset_stats() -> None:
     fusion.stats.update(fusion.STATS_ZERO)
     codegen.stats.update(codegen.STATS_ZERO)
-    recording.counts["ops_run_alone"] = 0
+    recording.counts.update(ops_run_alone=0, foreach_ops_run_eagerly=0)
     fusion.flush_reasons.clear()
     fusion.history.clear()
 

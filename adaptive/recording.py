@@ -445,6 +445,7 @@ def dispatch(func, args, kwargs):
             if recorder is None:  # a foreach op: its per-tensor ops come back through per_tensor()
                 if foreach.records(args):  # else one launch, as in plain eager (Note
                     return _run_foreach(func, args, kwargs)  # [Foreach in adaptive eager])
+                counts["foreach_ops_run_eagerly"] += 1
                 _sync(func, args, kwargs)
                 return _inner(func, args, kwargs)
             _site = site = _site_of(func, args)
@@ -484,7 +485,7 @@ def dispatch(func, args, kwargs):
 # ops is forgotten. Ops that foreach kernels run are not sites: they come in groups.
 _alone: dict = {}  # site -> eager sightings left
 _site = None  # the site of the op being recorded (under _lock)
-counts = {"ops_run_alone": 0}
+counts = {"ops_run_alone": 0, "foreach_ops_run_eagerly": 0}
 
 
 def _site_of(func, args) -> tuple:

@@ -199,7 +199,9 @@ def test_foreach_steps_fuse_only_over_large_tensors(large, monkeypatch):
         update(params, bufs)
         torch.neuron.synchronize()
     assert core.kernels_launched - before == (1 if large else 3)
-    assert adaptive.stats()["ops_recorded"] == (9 if large else 0)
+    stats = adaptive.stats()
+    assert stats["ops_recorded"] == (9 if large else 0)
+    assert stats["foreach_ops_run_eagerly"] == (0 if large else 3)
 
 
 def test_an_op_that_ran_alone_runs_eagerly_and_is_recorded_again_later():
