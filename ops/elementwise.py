@@ -372,11 +372,14 @@ def run_many(calls, inplace: bool) -> list | None:
     plans = []
     for op, operands, _ in calls:
         fast = _fast_into(op, operands, operands[0]) if inplace else _fast_new(op, operands)
-        if fast is None:
+        if fast is None and not _zero_dim(operands):
             return None
         plans.append(fast)
     results, elements, moved = [], 0, 0
     for (op, operands, params), fast in zip(calls, plans):
+        if fast is None:  # 0-dim tensors (a scalar parameter): their own launch, in turn
+            results.append(run(op, operands, params, operands[0] if inplace else None))
+            continue
         if inplace:
             (kernel, _, cast, exact), out = fast, operands[0]
         else:
@@ -393,12 +396,19 @@ def run_many(calls, inplace: bool) -> list | None:
     return results
 
 
+def _zero_dim(operands) -> bool:
+    """Whether the tensors of a call are all neuron 0-dim tensors (and there is one)."""
+    tensors = [a for a in operands if isinstance(a, torch.Tensor)]
+    return bool(tensors) and all(type(a) is NeuronTensor and a.dim() == 0 for a in tensors)
+
+
 # Note [Multi-tensor launches]
 # A foreach op (torch.optim's default path, clip_grad_norm_) is one kernel launch on a device:
 # CUDA passes the list of tensor addresses to one multi-tensor kernel. Here the launch calls
 # the cached per-tensor loop for each tensor in turn, with one price for the launch: the same
 # loops, so the same bits as one op per tensor, without the per-tensor dispatch. A 16-tensor
-# `_foreach_mul_` of an optimizer step took 130 us through the per-tensor kernels.
+# `_foreach_mul_` of an optimizer step took 130 us through the per-tensor kernels, 90 us so.
+# A 0-dim tensor (a scalar parameter) goes through `run` at its turn, a launch of its own.
 
 
 def _plan_contiguous(op, operands, out=None):

@@ -178,6 +178,12 @@ def test_a_foreach_op_is_one_launch_with_the_per_tensor_bits(seed):
         assert torch.equal(got.cpu(), each.cpu())
         torch.testing.assert_close(got.cpu(), expected)
     assert _launches(lambda: torch._foreach_sqrt(y)) == 1
+    # a 0-dim tensor (a scalar parameter) takes a launch of its own, the rest one together
+    s, s_cpu = torch.tensor(1.5, device=NEURON), torch.tensor(1.5)
+    assert _launches(lambda: torch._foreach_mul_(x + [s], 0.5)) == 2
+    torch._foreach_mul_(a + [s_cpu], 0.5)
+    for got, expected in zip(x + [s], a + [s_cpu]):
+        torch.testing.assert_close(got.cpu(), expected)
     # a list off the fast path (a transposed tensor) runs tensor by tensor, right
     z = [y[0].t(), y[1]]
     assert _launches(lambda: torch._foreach_mul_(z, 2.0)) == 2
