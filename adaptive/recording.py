@@ -40,6 +40,19 @@ class Options:
     max_ops: int = 256  # a region this long is flushed (the buffer limit)
     alone_skip: int = 8  # eager sightings of an op that ran alone (Note [Ops that run alone])
 
+    @property
+    def foreach_record_min(self) -> int:
+        """Elements per tensor (on average) from which a foreach op's per-tensor steps are
+        recorded and fused instead of run as one multi-tensor launch; 0 records them all
+        (Note [Foreach in adaptive eager] in ops/foreach.py)."""
+        return foreach.RECORD_MIN
+
+    @foreach_record_min.setter
+    def foreach_record_min(self, elements: int) -> None:
+        if isinstance(elements, bool) or not isinstance(elements, int) or elements < 0:
+            raise ValueError(f"foreach_record_min must be an int >= 0, got {elements!r}")
+        foreach.RECORD_MIN = elements
+
 
 options = Options()
 

@@ -174,10 +174,12 @@ def test_repeated_chain_fuses_into_one_kernel():
 @pytest.mark.parametrize("large", [False, True])
 def test_foreach_steps_fuse_only_over_large_tensors(large, monkeypatch):
     """Note [Foreach in adaptive eager]: small tensors get one multi-tensor launch per foreach
-    op, as in plain eager; large ones (RECORD_MIN lowered to count these as large) have their
-    steps recorded and fused into one launch for the whole update."""
+    op, as in plain eager; large ones (options.foreach_record_min lowered to count these as
+    large) have their steps recorded and fused into one launch for the whole update."""
     if large:
-        monkeypatch.setattr(foreach, "RECORD_MIN", 64)
+        monkeypatch.setattr(adaptive.options, "foreach_record_min", 64)
+    with pytest.raises(ValueError, match="foreach_record_min"):
+        adaptive.options.foreach_record_min = -1
     grads = [rand(8, 8, seed=k) for k in range(3)]
 
     def update(params, bufs):
