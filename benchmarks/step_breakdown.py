@@ -1,5 +1,6 @@
 """Where a plain-eager step's host time goes: ops adaptive eager can record, foreach ops
-(whose per-tensor steps it records), and the ops that stay eager.
+(whose per-tensor steps it records over large tensors, else runs as one launch each), and the
+ops that stay eager.
 
     python benchmarks/step_breakdown.py [--workload transformer] [--size small] [--steps 20]
                                         [--adaptive]
