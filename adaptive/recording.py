@@ -532,15 +532,15 @@ _foreach_where = None  # the user's line of the foreach op running now (under _l
 
 
 def _run_foreach(func, args, kwargs):
-    """A foreach op: its per-tensor ops, recorded through per_tensor(), share its user line
-    (found once, not once per tensor)."""
+    """A foreach op whose per-tensor ops are recorded: the kernel hands them to per_tensor()
+    while it runs (under _lock), and they share its user line (found once, not per tensor)."""
     global _foreach_where
-    outer = _foreach_where
-    _foreach_where = user_frame(1)
+    outer, hook = _foreach_where, foreach.per_tensor
+    _foreach_where, foreach.per_tensor = user_frame(1), per_tensor
     try:
         return _inner(func, args, kwargs)
     finally:
-        _foreach_where = outer
+        _foreach_where, foreach.per_tensor = outer, hook
 
 
 _views: dict = {}  # id(op) -> whether it is a single-tensor view op
@@ -747,7 +747,6 @@ def install() -> None:
                                 (E.FUSIBLE_INPLACE, _record_inplace)):
             _ACTIONS.update({id(op): (recorder, plan) for op, plan in table.items()})
         _ACTIONS.update({id(op): (None, None) for op in foreach.FOREACH_KERNELS})
-    foreach.per_tensor = per_tensor
     active = True
     if not _installed:  # else still in the chain, under a dispatcher installed later
         _inner, _installed = T._dispatcher, True
@@ -759,7 +758,6 @@ def uninstall() -> None:
     global _installed, active
     flush("adaptive eager off")
     active = False
-    foreach.per_tensor = None
     if T._dispatcher is dispatch:  # plain eager pays nothing for adaptive eager being off
         T.set_dispatcher(_inner)
         _installed = False

@@ -368,7 +368,8 @@ def run_many(calls, inplace: bool) -> list | None:
     """Calls of elementwise ops, `(op, operands, params)` each, as one launch: a device's
     multi-tensor kernel, for foreach ops (Note [Multi-tensor launches]). With `inplace` each
     call writes its first operand. None, with nothing run, unless every call takes the
-    contiguous fast path. Calls run in order, so later ones see earlier writes."""
+    contiguous fast path or has only 0-dim tensors (run through `run`, a launch each).
+    Calls run in order, so later ones see earlier writes."""
     plans = []
     for op, operands, _ in calls:
         fast = _fast_into(op, operands, operands[0]) if inplace else _fast_new(op, operands)

@@ -17,7 +17,8 @@ from neuron_eager.ops.registry import KERNELS, register
 aten = torch.ops.aten
 
 
-# Adaptive eager sets this to record the per-tensor ops (adaptive/recording.per_tensor).
+# Set by adaptive eager while a foreach op's per-tensor ops are recorded (Note [Foreach in
+# adaptive eager]): adaptive/recording.per_tensor.
 per_tensor = None
 
 
@@ -42,7 +43,7 @@ RECORD_MIN = 1 << 16
 
 def records(args) -> bool:
     """Whether adaptive eager records the per-tensor steps of a foreach op with these
-    arguments (its first tensor list decides)."""
+    arguments (its first tensor list decides; recording.dispatch asks, once per op)."""
     for tensors in args:
         if type(tensors) is list or type(tensors) is tuple:
             return sum(t.numel() for t in tensors) >= RECORD_MIN * max(len(tensors), 1)
@@ -57,16 +58,18 @@ def records(args) -> bool:
 # tensors its steps are recorded and fuse into one pass (with those of the ops around it).
 
 
-def _many(func, rows, args) -> list | None:
+def _many(func, rows) -> list | None:
     """The per-tensor calls `rows` ((args, kwargs) of `func` each) as one multi-tensor launch
     (Note [Multi-tensor launches] in elementwise.py); None when they must run one by one:
     not an elementwise op, a call off its fast path, or adaptive eager records them."""
-    if per_tensor is not None and records(args):
+    if per_tensor is not None:
         return None
-    inplace = func in E.FUSIBLE_INPLACE
-    plan = E.FUSIBLE_INPLACE.get(func) if inplace else E.FUSIBLE.get(func)
-    if plan is None:
-        return None
+    plan = E.FUSIBLE_INPLACE.get(func)
+    inplace = plan is not None
+    if not inplace:
+        plan = E.FUSIBLE.get(func)
+        if plan is None:
+            return None
     return E.run_many([plan(*a, **kw) for a, kw in rows], inplace)  # (raises before any run)
 
 
@@ -103,13 +106,13 @@ def _unary(name):
     @register(getattr(aten, "_foreach_" + name).default)
     def foreach(tensors):
         _check(tensors)
-        return _many(functional, [((t,), {}) for t in tensors], (tensors,)) or \
+        return _many(functional, [((t,), {}) for t in tensors]) or \
             [call(functional, t) for t in tensors]
 
     @register(getattr(aten, f"_foreach_{name}_").default)
     def foreach_(tensors):
         _check(tensors)
-        if _many(inplace, [((t,), {}) for t in tensors], (tensors,)) is None:
+        if _many(inplace, [((t,), {}) for t in tensors]) is None:
             for t in tensors:
                 step(t)
 
@@ -159,14 +162,14 @@ def _binary(name, kind, functional, inplace):
     def foreach(tensors, other, **kwargs):
         _check(tensors, *([other] if kind in ("List", "ScalarList") else []))
         rows = [((t, _operand(kind, other, i)), kwargs) for i, t in enumerate(tensors)]
-        return _many(functional, rows, (tensors,)) or \
+        return _many(functional, rows) or \
             [call(functional, *a, **kwargs) for a, _ in rows]
 
     @register(getattr(getattr(aten, f"_foreach_{name}_"), kind))
     def foreach_(tensors, other, **kwargs):
         _check(tensors, *([other] if kind in ("List", "ScalarList") else []))
         rows = [((t, _operand(kind, other, i)), kwargs) for i, t in enumerate(tensors)]
-        if inplace is None or _many(inplace, rows, (tensors,)) is None:
+        if inplace is None or _many(inplace, rows) is None:
             for a, _ in rows:
                 step(*a, **kwargs)
 
@@ -209,13 +212,13 @@ def _addc(name):
         def foreach(tensors, tensors1, tensors2, value=1, _kind=kind):
             _check(tensors, tensors1, tensors2)
             rows = _addc_rows(tensors, tensors1, tensors2, _scalars(_kind, value, len(tensors)))
-            return _many(functional, rows, (tensors,)) or \
+            return _many(functional, rows) or \
                 [call(functional, *a, **kw) for a, kw in rows]
 
         def foreach_(tensors, tensors1, tensors2, value=1, _kind=kind):
             _check(tensors, tensors1, tensors2)
             rows = _addc_rows(tensors, tensors1, tensors2, _scalars(_kind, value, len(tensors)))
-            if _many(inplace, rows, (tensors,)) is None:
+            if _many(inplace, rows) is None:
                 for a, kw in rows:
                     call(inplace, *a, **kw)
 
@@ -238,13 +241,13 @@ for _kind, _ops_pair in {"List": (aten.lerp.Tensor, aten.lerp_.Tensor),
         _check(tensors, ends, *([weight] if _kind != "Scalar" else []))
         rows = [((t, e, _weights(_kind, weight, i)), {}) for i, (t, e) in
                 enumerate(zip(tensors, ends))]
-        return _many(_op, rows, (tensors,)) or [call(_op, *a) for a, _ in rows]
+        return _many(_op, rows) or [call(_op, *a) for a, _ in rows]
 
     def _lerp_(tensors, ends, weight, _kind=_kind, _op=_ops_pair[1]):
         _check(tensors, ends, *([weight] if _kind != "Scalar" else []))
         rows = [((t, e, _weights(_kind, weight, i)), {}) for i, (t, e) in
                 enumerate(zip(tensors, ends))]
-        if _many(_op, rows, (tensors,)) is None:
+        if _many(_op, rows) is None:
             for a, _ in rows:
                 call(_op, *a)
 
