@@ -16,7 +16,7 @@ import neuron_eager
 from neuron_eager import adaptive
 from neuron_eager.adaptive import codegen, fusion, recording
 from neuron_eager.device_sim import core
-from neuron_eager.ops import foreach, router
+from neuron_eager.ops import router
 from neuron_eager.ops import tensor as T
 
 N = torch.device("neuron")

@@ -9,7 +9,6 @@ import pytest
 
 import neuron_eager
 from neuron_eager import adaptive, workloads
-from neuron_eager.ops import foreach
 
 from test_adaptive import same_bits
 
@@ -51,7 +50,7 @@ def test_training_steps_same_bits(name, compile_after, record_min, monkeypatch):
     large parameters (Note [Foreach in adaptive eager])."""
     monkeypatch.setattr(adaptive.options, "compile_after", compile_after)
     if record_min is not None:
-        monkeypatch.setattr(foreach, "RECORD_MIN", record_min)
+        monkeypatch.setattr(adaptive.options, "foreach_record_min", record_min)
     neuron_eager.clear_op_tracking()
     got = train(name, "small", True)
     same_run(got, plain(name, "small"))

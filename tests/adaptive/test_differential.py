@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 
 from neuron_eager import adaptive
 from neuron_eager.adaptive import recording
-from neuron_eager.ops import foreach
 
 from test_adaptive import same_bits
 
@@ -449,14 +448,14 @@ def check(case):
     expected, expected_reads = run(steps, make_inputs(forms, shape, specials, seed), scalars)
     expected = [t.cpu() for t in expected]
     adaptive.enable()
-    record_min = foreach.RECORD_MIN
+    record_min = adaptive.options.foreach_record_min
     if seed % 2:  # foreach steps recorded (as for large tensors), else one launch each
-        foreach.RECORD_MIN = 0
+        adaptive.options.foreach_record_min = 0
     try:
         got, reads = run(steps, make_inputs(forms, shape, specials, seed), scalars)
         got = [t.cpu() for t in got]
     finally:
-        foreach.RECORD_MIN = record_min
+        adaptive.options.foreach_record_min = record_min
         adaptive.disable()
     assert len(got) == len(expected) and len(reads) == len(expected_reads), reads
     for g, e in zip(got, expected):
