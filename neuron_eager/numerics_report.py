@@ -136,6 +136,8 @@ def markdown(rows: list[dict], points: int) -> str:
         "- Matmul: fp32 products summed in fp32 per K-chunk of 128 (one BLAS sgemm per staged",
         "  chunk), chunk sums added in order into an fp32 accumulator, `alpha*acc + beta*C`",
         "  formed in fp32 and rounded once (Note [PSUM accumulation] in ops/matmul.py).",
+        "  `torch.mm`/`bmm`/`addmm`/`baddbmm(..., out_dtype=torch.float32)` on bf16/fp16",
+        "  inputs return the fp32 accumulator unrounded (Note [PSUM out_dtype]).",
         "- Auto-cast, as the Neuron compiler's `--auto-cast`: `neuron_eager.config.auto_cast` in",
         "  {none, matmult, all} (environment `NEURON_EAGER_AUTO_CAST`, default none) with",
         "  `auto_cast_type` in {bf16, fp16, tf32} (`NEURON_EAGER_AUTO_CAST_TYPE`, default bf16).",

@@ -391,9 +391,10 @@ def _ok(*tensors, dims) -> bool:
                for t, d in zip(tensors, dims)) and dtype != torch.bool
 
 
-def _c_strides(op, c, shape, args, beta, alpha) -> tuple:
+def _c_strides(op, c, shape, args, beta, alpha, out_dtype=None) -> tuple:
     """Strides that broadcast C to `shape`, padded to 4 (the CPU's error if it can't)."""
-    ok = isinstance(c, NeuronTensor) and c.dtype == args[0].dtype and c.dim() <= len(shape)
+    ok = isinstance(c, NeuronTensor) and c.dim() <= len(shape) and \
+        c.dtype in (args[0].dtype, out_dtype)
     strides = [0] * (len(shape) - c.dim())
     if ok:
         for n, size, st in zip(shape[len(strides):], c.shape, c.stride()):
@@ -405,13 +406,30 @@ def _c_strides(op, c, shape, args, beta, alpha) -> tuple:
 
 
 # -- ops -------------------------------------------------------------------------------------
-def _mm(op, a, b, c=None, beta=1, alpha=1):
+def _result_dtype(a, out_dtype) -> torch.dtype:
+    """The product's dtype: the inputs', or `out_dtype` of the `.dtype` overloads (Note [PSUM
+    out_dtype])."""
+    if out_dtype is None or out_dtype == a.dtype:
+        return a.dtype
+    if out_dtype == torch.float32 and a.dtype in (torch.bfloat16, torch.float16):
+        return out_dtype
+    raise RuntimeError("out_dtype must be the same as input dtype or fp32 for fp16/bf16 inputs")
+
+
+# Note [PSUM out_dtype]
+# mm/bmm/addmm/baddbmm(..., out_dtype=torch.float32) on bf16/fp16 inputs return the fp32
+# accumulator itself, not rounded to the inputs' dtype: what the Tensor engine leaves in
+# PSUM. torch's CPU has no kernel for these overloads (CUDA does); the dtype rules are
+# its meta kernels'. A bias C may be in the inputs' dtype or in out_dtype.
+def _mm(op, a, b, c=None, beta=1, alpha=1, out_dtype=None):
     if not (_ok(a, b, dims=(2, 2)) and a.shape[1] == b.shape[0]):
         raise_like_cpu(op, *((c,) if c is not None else ()), a, b)
+    dtype = _result_dtype(a, out_dtype)
     (M, K), N = a.shape, b.shape[1]
-    cs = _c_strides(op, c, (M, N), (a, b), beta, alpha) if c is not None else (0, 0, 0, 0)
+    cs = _c_strides(op, c, (M, N), (a, b), beta, alpha, dtype) if c is not None \
+        else (0, 0, 0, 0)
     sa, sb = a.stride(), b.stride()
-    return gemm(T.empty((M, N), a.dtype), (1, 1, 1, M, N, K), a, (0, 0, 0, *sa), b,
+    return gemm(T.empty((M, N), dtype), (1, 1, 1, M, N, K), a, (0, 0, 0, *sa), b,
                 (0, 0, 0, *sb), c, cs, alpha, beta if c is not None else 0)
 
 
@@ -420,22 +438,34 @@ def mm(a, b):
     return _mm(aten.mm.default, a, b)
 
 
+@register(aten.mm.dtype)
+def mm_dtype(a, b, out_dtype):
+    return _mm(aten.mm.dtype, a, b, out_dtype=out_dtype)
+
+
 @register(aten.addmm.default)
 def addmm(c, a, b, *, beta=1, alpha=1):
     return _mm(aten.addmm.default, a, b, c, beta, alpha)
 
 
-def _bmm(op, a, b, c=None, beta=1, alpha=1, reduce=False):
+@register(aten.addmm.dtype)
+def addmm_dtype(c, a, b, out_dtype, *, beta=1, alpha=1):
+    return _mm(aten.addmm.dtype, a, b, c, beta, alpha, out_dtype)
+
+
+def _bmm(op, a, b, c=None, beta=1, alpha=1, reduce=False, out_dtype=None):
     if not (_ok(a, b, dims=(3, 3)) and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1]):
         raise_like_cpu(op, *((c,) if c is not None else ()), a, b)
+    dtype = _result_dtype(a, out_dtype)
     (Bt, M, K), N = a.shape, b.shape[2]
     shape = (M, N) if reduce else (Bt, M, N)
-    cs = _c_strides(op, c, shape, (a, b), beta, alpha) if c is not None else (0, 0, 0, 0)
+    cs = _c_strides(op, c, shape, (a, b), beta, alpha, dtype) if c is not None \
+        else (0, 0, 0, 0)
     (s0, *sa), (t0, *sb) = a.stride(), b.stride()
     # addbmm sums over the batch (the BR axis of the kernel); bmm keeps it (the B2 axis)
     dims, ast, bst = ((1, 1, Bt, M, N, K), (0, 0, s0, *sa), (0, 0, t0, *sb)) if reduce else \
         ((1, Bt, 1, M, N, K), (0, s0, 0, *sa), (0, t0, 0, *sb))
-    return gemm(T.empty(shape, a.dtype), dims, a, ast, b, bst, c, cs, alpha,
+    return gemm(T.empty(shape, dtype), dims, a, ast, b, bst, c, cs, alpha,
                 beta if c is not None else 0)
 
 
@@ -444,9 +474,19 @@ def bmm(a, b):
     return _bmm(aten.bmm.default, a, b)
 
 
+@register(aten.bmm.dtype)
+def bmm_dtype(a, b, out_dtype):
+    return _bmm(aten.bmm.dtype, a, b, out_dtype=out_dtype)
+
+
 @register(aten.baddbmm.default)
 def baddbmm(c, a, b, *, beta=1, alpha=1):
     return _bmm(aten.baddbmm.default, a, b, c, beta, alpha)
+
+
+@register(aten.baddbmm.dtype)
+def baddbmm_dtype(c, a, b, out_dtype, *, beta=1, alpha=1):
+    return _bmm(aten.baddbmm.dtype, a, b, c, beta, alpha, out_dtype=out_dtype)
 
 
 @register(aten.addbmm.default)

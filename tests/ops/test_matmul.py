@@ -133,6 +133,42 @@ def test_k_chunked_accumulation_is_what_is_computed(dtype, mkn, seed):
         assert not np.array_equal((a32.astype(np.float64) @ b32).astype(np.float32), ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_out_dtype_returns_the_fp32_accumulator(dtype, seed):
+    # mm(..., out_dtype=torch.float32): the PSUM sums themselves, not rounded to the inputs'
+    # dtype (torch's CPU has no kernel for these overloads: the reference is the chunked sum)
+    a, b = _exact_chunk_operands(9, 300, 11, dtype)
+    ref = torch.from_numpy(_chunked_reference(a.float().numpy(), b.float().numpy()))
+    A, B = a.to("neuron"), b.to("neuron")
+    got = torch.mm(A, B, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got.cpu(), ref)
+    assert not torch.equal(ref.to(dtype).float(), ref)  # rounding would show
+    assert torch.equal(torch.mm(A, B, out_dtype=dtype).cpu(), torch.mm(A, B).cpu())
+    out = torch.empty(9, 11, device="neuron")
+    torch.mm(A, B, out_dtype=torch.float32, out=out)
+    assert torch.equal(out.cpu(), ref)
+    assert torch.equal(torch.bmm(A[None], B[None], out_dtype=torch.float32).cpu(), ref[None])
+    for bias in (torch.randn(11), torch.randn(9, 11).to(dtype)):  # fp32 or the inputs' dtype
+        want = ref.double() * 2 + bias.double() * 0.5
+        got = torch.addmm(bias.to("neuron"), A, B, out_dtype=torch.float32, beta=0.5, alpha=2)
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-6, atol=1e-5)
+        got = torch.baddbmm(bias.expand(1, 9, 11).to("neuron"), A[None], B[None],
+                            out_dtype=torch.float32, beta=0.5, alpha=2)
+        torch.testing.assert_close(got.cpu().double(), want[None], rtol=1e-6, atol=1e-5)
+
+
+def test_out_dtype_refuses_what_torch_refuses(seed):
+    a = torch.randn(4, 8, device="neuron")
+    before = torch.neuron.memory_allocated()
+    meta = torch.empty(4, 8, device="meta")  # the rule is torch's own (its meta kernel's)
+    for x in (a, meta):
+        with pytest.raises(RuntimeError, match="out_dtype must be the same as input dtype"):
+            torch.mm(x.bfloat16(), x.bfloat16().t(), out_dtype=torch.float16)
+        with pytest.raises(RuntimeError, match="out_dtype must be the same as input dtype"):
+            torch.mm(x, x.t(), out_dtype=torch.bfloat16)
+    assert torch.neuron.memory_allocated() == before
+
+
 def test_k_chunks_stay_fp32_when_torch_allows_bf16_matmuls(seed):
     # torch's CPU fp32 matmuls may then run in bf16 inside oneDNN: gemm must not use them
     a, b = _exact_chunk_operands(140, 300, 170, torch.float32)
