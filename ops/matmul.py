@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import config, core
-from neuron_eager.ops import numerics
+from neuron_eager.ops import blas_threads, numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
@@ -323,8 +323,13 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
         g = np.array([*dims, *a_strides, *b_strides,
                       *(c_strides if use_c else (0, 0, 0, 0)), use_c], np.int64)
         kernel = gemm_f32_kernel if kind is np.float32 else gemm_kernel
-        kernel(res, fa.astype(kind, copy=False), fb.astype(kind, copy=False),
-                    (fc if use_c else fa).astype(kind, copy=False), g, kind(alpha), kind(beta))
+        # (np.dot in the fp32 kernel: Note [One BLAS thread] in ops/blas_threads.py)
+        previous = blas_threads.limit(1) if kind is np.float32 else None
+        try:
+            kernel(res, fa.astype(kind, copy=False), fb.astype(kind, copy=False),
+                   (fc if use_c else fa).astype(kind, copy=False), g, kind(alpha), kind(beta))
+        finally:
+            blas_threads.restore(previous)
     stats["launches"] += 1
     return res
 

@@ -169,6 +169,28 @@ def test_out_dtype_refuses_what_torch_refuses(seed):
     assert torch.neuron.memory_allocated() == before
 
 
+def test_small_products_run_with_one_openblas_thread(seed, monkeypatch):
+    # Note [One BLAS thread]: the Numba kernel's np.dot runs with one OpenBLAS thread, and
+    # OpenBLAS gets its own count back after
+    from neuron_eager.ops import blas_threads
+    calls = blas_threads._find()
+    if calls is None:
+        pytest.skip("no settable OpenBLAS under SciPy here")
+    get, set_ = calls
+    before = get()
+    seen = []
+    monkeypatch.setattr(blas_threads, "_calls", (get, lambda n: (seen.append(n), set_(n))))
+    a, b = _rand(64, 192), _rand(192, 64)
+    check_op(torch.mm, a, b, **TOL[torch.float32])
+    assert get() == before
+    if before != 1:
+        assert seen[0] == 1 and seen[-1] == before
+    seen.clear()
+    big = _rand(256, 256)
+    torch.mm(big.to("neuron"), big.to("neuron"))  # torch's MKL: its threads are left alone
+    assert seen == []
+
+
 def test_k_chunks_stay_fp32_when_torch_allows_bf16_matmuls(seed):
     # torch's CPU fp32 matmuls may then run in bf16 inside oneDNN: gemm must not use them
     a, b = _exact_chunk_operands(140, 300, 170, torch.float32)
