@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from neuron_eager.ops.registry import register
+from neuron_eager.ops.sourceline import warn_at_user_line
 
 aten = torch.ops.aten
 _impl = torch.library.Library("aten", "IMPL")
@@ -43,9 +44,28 @@ register(aten._nested_view_from_jagged, aten._nested_tensor_from_tensor_list,
 register(aten._nested_tensor_from_mask)(_refuse(ENCODER))
 
 
+_encoder_warned = False
+
+
 @register(aten._nested_tensor_from_mask_left_aligned)
 def nested_mask_left_aligned(t, mask):
-    """nn.TransformerEncoder's question before it nests (a Python bool): answered by the CPU
-    on a copy of the mask and a stand-in of `t`."""
-    stand_in = torch.zeros((), dtype=t.dtype).expand(t.shape)
-    return aten._nested_tensor_from_mask_left_aligned.default(stand_in, mask.cpu())
+    """nn.TransformerEncoder's question before it nests (eval mode, src_key_padding_mask
+    given): "no", so that it runs its regular path (Note [Encoder without nesting])."""
+    global _encoder_warned
+    if not _encoder_warned:
+        _encoder_warned = True
+        warn_at_user_line(
+            "nn.TransformerEncoder's nested-tensor fast path (eval mode with a "
+            "src_key_padding_mask) is not available on neuron, which has no nested tensors: "
+            "it runs its regular path, so its outputs at padded positions hold computed "
+            "values where the fast path gives zeros (the other positions are the same). "
+            "Build it with enable_nested_tensor=False to say so and silence this.")
+    return False
+
+
+# Note [Encoder without nesting]
+# In eval mode with a padding mask, nn.TransformerEncoder first asks whether the mask is
+# left-aligned and, if so, packs the unpadded positions into a nested tensor, runs the
+# layers on it and pads the result with zeros. Answering "not left-aligned" sends it down
+# the path it takes in training: the same attention (padded keys masked), every position
+# computed. With mask_check=False it nests without asking, and gets ENCODER's error.

@@ -21,9 +21,32 @@ def _inputs():
     return x, pad
 
 
-def test_the_nested_path_is_refused_with_the_way_out():
+def test_the_default_encoder_runs_its_regular_path_and_says_so():
+    # (Note [Encoder without nesting]) the CPU nests and pads with zeros; neuron computes
+    # every position: the same values where the mask keeps them, the CPU's regular path's
+    # values everywhere
     x, pad = _inputs()
-    enc = _encoder(nested=True).to(N)
+    cpu, ours = _encoder(nested=True), _encoder(nested=True).to(N)
+    neuron_eager.ops.unsupported._encoder_warned = False
+    with torch.no_grad(), pytest.warns(UserWarning, match="enable_nested_tensor=False"):
+        got = ours(x.to(N), src_key_padding_mask=pad.to(N)).cpu()
+    with torch.no_grad():
+        fast = cpu(x, src_key_padding_mask=pad)
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            regular = cpu(x, src_key_padding_mask=pad)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+    keep = ~pad
+    torch.testing.assert_close(got[keep], fast[keep], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, regular, rtol=1e-4, atol=1e-5)
+    assert fast[pad].eq(0).all() and not got[pad].eq(0).all()
+
+
+def test_an_encoder_that_skips_the_mask_check_is_refused_with_the_way_out():
+    x, pad = _inputs()
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2,
+                                mask_check=False).eval().to(N)
     with torch.no_grad(), pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
         enc(x.to(N), src_key_padding_mask=pad.to(N))
 
