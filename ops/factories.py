@@ -13,7 +13,7 @@ import torch
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import copy as C
-from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
@@ -22,21 +22,28 @@ from neuron_eager.ops.router import write_result
 aten = torch.ops.aten
 _lib = torch.library.Library("aten", "IMPL")
 _STORE64 = {}
-_ARANGE = """
-def kernel(out, start, step):
-    for i in range(out.shape[0]):
-        out[i] = fn(start + i * step)
-"""
-_LINSPACE = """
-def kernel(out, start, end, step):
-    n = out.shape[0]
-    half = n // 2
-    for i in range(n):
-        if i < half:
-            out[i] = fn(start + step * i)
-        else:
-            out[i] = fn(end - step * (n - 1 - i))
-"""
+
+
+def _iota_kernels(fn):
+    """arange's and linspace's loops around the rounding `fn` (jitted with ops.jit: kept on
+    disk, keyed by `fn`, so a later process loads them)."""
+
+    @njit
+    def arange(out, start, step):
+        for i in range(out.shape[0]):
+            out[i] = fn(start + i * step)
+
+    @njit
+    def linspace(out, start, end, step):
+        n = out.shape[0]
+        half = n // 2
+        for i in range(n):
+            if i < half:
+                out[i] = fn(start + step * i)
+            else:
+                out[i] = fn(end - step * (n - 1 - i))
+
+    return arange, linspace
 
 
 def _storer64(code: str):
@@ -49,10 +56,7 @@ def _storer64(code: str):
             fn = njit(lambda x: store(np.float32(x)))
         else:
             fn = njit(lambda x: store(np.int64(x)))
-
-        kernels = (kernelgen.jit_source(_ARANGE, {"fn": fn}, "arange"),
-                   kernelgen.jit_source(_LINSPACE, {"fn": fn}, "linspace"))
-        _STORE64[code] = kernels
+        kernels = _STORE64[code] = _iota_kernels(fn)
     return kernels
 
 
