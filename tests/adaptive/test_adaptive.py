@@ -171,6 +171,25 @@ def test_repeated_chain_fuses_into_one_kernel():
     assert "test_adaptive.py" in adaptive.explain()
 
 
+def test_a_long_loop_splits_into_kernels_of_one_size_that_share_code():
+    # Note [Kernel size]: 200 recorded ops make six 32-op pieces (one kernel) and an 8-op
+    # tail, run in one launch (Note [Batches])
+    x = rand(100)
+
+    def loop():
+        b = x
+        for _ in range(100):
+            b = b * 1.5 + 0.25
+        return b
+
+    both_modes(loop)
+    s = adaptive.stats()
+    assert s["cache_misses"] == 2 and s["ops_recorded"] == 600
+    history = [entry for entry in fusion.history if entry[1] == 200]
+    (launch,) = history[-1][2].groups
+    assert [len(g.nodes) for g in launch.batch] == [32] * 6 + [8]
+
+
 @pytest.mark.parametrize("large", [False, True])
 def test_foreach_steps_fuse_only_over_large_tensors(large, monkeypatch):
     """Note [Foreach in adaptive eager]: small tensors get one multi-tensor launch per foreach
