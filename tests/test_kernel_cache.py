@@ -23,7 +23,10 @@ PROGRAM = textwrap.dedent("""
     y = torch.nn.functional.gelu(xn @ wn).softmax(-1)
     z = torch.nn.functional.layer_norm(y, (24,)) * h.to("neuron") + 1
     z.float().sum().backward()
-    out = [z.float().cpu(), wn.grad.cpu()]
+    a = (x[:4, :4] @ x[:4, :4].T).to("neuron") + torch.eye(4, device="neuron")
+    inv = torch.linalg.inv(a)  # LAPACK by symbol (Note [LAPACK by symbol])
+    steps = torch.arange(0, 1, 0.125, device="neuron") + torch.linspace(0, 1, 8, device="neuron")
+    out = [z.float().cpu(), wn.grad.cpu(), inv.cpu(), steps.cpu()]
     print(json.dumps(dict(neuron_eager.kernel_cache_stats(), folder=None,
                           bits=[t.view(torch.int32).flatten().tolist() for t in out])))
 """)
