@@ -369,7 +369,9 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
         raise RuntimeError(f"linalg.pinv({str(a.dtype).replace('torch.', '').capitalize()}"
                            f"{{{list(a.shape)}}}): expected a tensor with 2 or more dimensions "
                            "of float, double, cfloat or cdouble types")
-    opts = dict(dtype=torch.float64, device=a.device)
+    # (torch's composition forms tolerances in float64; the device computes float64 as
+    # float32, so float32 gives the same values without a float64 warning)
+    opts = dict(dtype=a.dtype, device=a.device)
     atol_t = atol if atol is not None else torch.zeros((), **opts)
     if rtol is None:
         default = torch.full((), float(np.finfo(np.float32 if a.dtype == F32 else np.float64).eps)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from neuron_eager.device_sim import config
 from neuron_eager.ops.jit import njit
@@ -221,6 +221,32 @@ _CASTS = {
     "int": njit(inline="always")(lambda x: np.int64(x)),
     "bool": njit(inline="always")(lambda x: x != 0),
 }
+_INT32_LOW, _INT32_HIGH = np.float32(-2.0 ** 31), np.float32(2.0 ** 31)
+
+
+# Note [Float to int]
+# A float becomes an integer as the CPU's conversion does it (cvttss2si, toward zero): NaN,
+# infinities and values outside the int32 range give INT32_MIN, and int8/int16/uint8 keep
+# the low bits of that int32 (torch.tensor([3e10]).to(torch.int16) is 0, of 70000.0 4464).
+# A plain `int64(x)` is undefined in LLVM for those values: vector and scalar code gave
+# different answers, fp32 and bf16 sources others again. int64 is computed as int32
+# (TorchNeuron's policy), so an int64 result is that int32 too (the CPU gives INT64_MIN for
+# NaN, and the exact value beyond int32).
+@njit(inline="always")
+def float_to_int(x):
+    inside = x >= _INT32_LOW and x < _INT32_HIGH  # (False for NaN)
+    return np.int64(np.int32(x if inside else _INT32_LOW))
+
+
+def to_int64(x):
+    """int64(x) in jitted code: a float by Note [Float to int], an integer as it is."""
+
+
+@overload(to_int64, inline="always")
+def _to_int64(x):
+    if isinstance(x, types.Float):
+        return lambda x: float_to_int(x)
+    return lambda x: np.int64(x)
 _loaders: dict = {}
 _storers: dict = {}
 
@@ -233,6 +259,8 @@ def loader(code: str, compute: str):
         decode, cast = _decoder(code), _CASTS[compute]
         if code == "b" and compute == "bool":
             fn = identity
+        elif compute == "int" and (code in FLOAT_CODES or code in _AUTO_CAST_DECODERS):
+            fn = njit(inline="always")(lambda x: float_to_int(decode(x)))  # Note [Float to int]
         else:
             fn = njit(inline="always")(lambda x: cast(decode(x)))
         _loaders[key] = fn
@@ -259,14 +287,14 @@ def storer(code: str, stochastic: bool = False):
         elif code == "f64":
             fn = njit(inline="always")(lambda x: np.float64(np.float32(x)))
         elif code == "i64":
-            fn = njit(inline="always")(lambda x: np.int64(np.int32(np.int64(x))))
+            fn = njit(inline="always")(lambda x: np.int64(np.int32(to_int64(x))))
         elif code == "i64x":  # exact, for results wrapped and checked later (wrap_int64)
             fn = njit(inline="always")(lambda x: np.int64(x))
         elif code == "b":
             fn = njit(inline="always")(lambda x: x != 0)
         else:
             cast = _INT_STORE[code]
-            fn = njit(inline="always")(lambda x: cast(np.int64(x)))
+            fn = njit(inline="always")(lambda x: cast(to_int64(x)))
         _storers[key] = fn
     return fn
 
@@ -294,8 +322,8 @@ def warn_int64_range(*values) -> None:
             int64_warned = True
             warn_at_user_line("int64 values outside the int32 range reached neuron: ops "
                               "compute int64 as int32, as on Trainium (TorchNeuron's policy), "
-                              "so arithmetic on them and conversions to int64 wrap (copies "
-                              "from the host keep them).")
+                              "so arithmetic on them wraps and floats beyond it convert to "
+                              "-2147483648, as to int32 (copies from the host keep them).")
             return
 
 

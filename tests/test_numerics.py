@@ -1,5 +1,6 @@
 """Trainium numerics: fast transcendentals in ulp, stochastic rounding, auto-cast."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -203,3 +204,25 @@ def test_fp16_conversions_against_torch_and_each_other():
     assert ((enc[~finite] & 0x7FFF) == 0x7E00).all()
     back = torch.from_numpy(enc.view(np.int16)).view(torch.float16).float().numpy()
     assert np.array_equal(rounded.view(np.uint32), back.view(np.uint32))
+
+
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_float_to_int_conversions_are_the_cpus(source):
+    # Note [Float to int]: NaN, infinities and values past int32 give INT32_MIN, narrower
+    # types its low bits, as the CPU's conversion; the same in a large (vectorised, split)
+    # copy and through an elementwise op's kernel
+    v = torch.tensor([float("nan"), float("inf"), -float("inf"), 3e10, 2.5e9, -2.5e9, 300.7,
+                      -1.5, 70000.0, 1e20, -2.0 ** 31, 2.0 ** 31 - 128, -0.0, 0.99])
+    x = torch.cat([v, v.repeat(5000)]).to(source)  # 70K elements
+    for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.bool):
+        expected = x.to(dtype)
+        assert torch.equal(x.to("neuron").to(dtype).cpu(), expected), dtype
+        assert torch.equal((x.to("neuron") * 1).to(dtype).cpu(), expected), dtype
+        assert torch.equal(torch.zeros(x.shape, dtype=dtype, device="neuron").copy_(
+            x.to("neuron")).cpu(), expected), dtype
+    inside = x.abs() < 2 ** 31  # int64 is computed as int32: the same values inside its range
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = x.to("neuron").long().cpu()
+    assert torch.equal(got[inside], x[inside].long())
+    assert (got[~inside] == -2 ** 31).all()
