@@ -137,9 +137,8 @@ _MASKED_FILL = E.Elementwise("masked_fill", njit(lambda x, m, v: v if m else x),
 
 def _check_mask(mask):
     if mask.dtype != torch.bool:
-        name = "unsigned char" if mask.dtype == torch.uint8 else str(mask.dtype)[6:]
         raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype "
-                           f"{name}")
+                           f"{T.CPP_NAMES.get(mask.dtype, mask.dtype)}")
 
 
 def _fill_value(value):
@@ -154,7 +153,7 @@ def _fill_value(value):
 @register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(x, mask, value):
     _check_mask(mask)
-    shape = E.broadcast_shape([x.shape, mask.shape])
+    shape = E.broadcast_shape([mask.shape, x.shape])  # (the CPU's order, for its message)
     return E.run(_MASKED_FILL, [x, mask], [_fill_value(value)], out=T.empty(shape, x.dtype))
 
 

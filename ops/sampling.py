@@ -147,16 +147,12 @@ def geometric_(x, p, *, generator=None):
     return fill_random(x, "geometric", p, math.log1p(-p))
 
 
-_C_NAMES = {torch.int8: "signed char", torch.uint8: "unsigned char", torch.int16: "short int",
-            torch.int32: "int", torch.int64: "long int", torch.bool: "bool"}  # C++ type names
-
-
 @register(aten.cauchy_.default)
 def cauchy_(x, median=0.0, sigma=1.0, *, generator=None):
     _check_generator(generator)
     if not x.dtype.is_floating_point:
         raise RuntimeError(f"Cauchy distribution is a continuous probability distribution. dtype "
-                           f"must be a floating point but you specified {_C_NAMES[x.dtype]}")
+                           f"must be a floating point but you specified {T.CPP_NAMES[x.dtype]}")
     if not sigma > 0:
         raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma:g}")
     return fill_random(x, "cauchy", median, sigma)

@@ -41,6 +41,12 @@ STORAGE_DTYPE = {
 _EMPTY = np.empty(0, dtype=np.uint8)
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
+# dtype -> the C++ type name PyTorch's messages print for it (caffe2::TypeMeta)
+CPP_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+             torch.bfloat16: "c10::BFloat16", torch.int8: "signed char",
+             torch.uint8: "unsigned char", torch.int16: "short int", torch.int32: "int",
+             torch.int64: "long int", torch.bool: "bool"}
+
 
 class NeuronOutOfMemoryError(torch.OutOfMemoryError):
     """Raised when the simulated HBM cannot hold an allocation."""
