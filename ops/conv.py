@@ -12,6 +12,7 @@ import torch
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.matmul import (compute_dtype, gemm_values, narrow_into, raise_like_cpu, rate,
                                      result_buffer, widen)
@@ -221,6 +222,7 @@ def _launch(products: list, dtype: torch.dtype, *tensors) -> None:
 
 
 @register(aten.convolution.default)
+@keeps_channels_last(0, 1)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     args = (x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     try:

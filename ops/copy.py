@@ -6,7 +6,7 @@ device with Trainium rounding, as the runtime would.
 """
 from __future__ import annotations
 
-from functools import partial
+from functools import partial, wraps
 
 import numpy as np
 import torch
@@ -183,6 +183,48 @@ def _memory_format_strides(shape, memory_format):
         n, c, d, h, w = shape
         return (d * h * w * c, 1, h * w * c, w * c, c)
     return None
+
+
+# Note [Channels-last results]
+# On the CPU a convolution, pooling or batch/group norm of a channels-last input (or a
+# convolution with a channels-last weight) returns a channels-last result. The kernels here
+# compute NCHW, so such results are laid out again before they are returned: a host copy
+# inside the op's launch, not a launch of its own.
+def keeps_channels_last(*positions):
+    """Decorate a kernel whose 4-D/5-D results are channels-last when one of the arguments at
+    `positions` is (Note [Channels-last results])."""
+    def decorate(kernel):
+        @wraps(kernel)
+        def run(*args, **kwargs):
+            result = kernel(*args, **kwargs)
+            for i in positions:
+                if i < len(args) and _channels_last(args[i]):
+                    break
+            else:
+                return result
+            if isinstance(result, tuple):
+                return tuple(_as_channels_last(r) for r in result)
+            return _as_channels_last(result)
+        return run
+    return decorate
+
+
+def _channels_last(t) -> bool:
+    if not isinstance(t, torch.Tensor) or t.dim() not in (4, 5) or t.is_contiguous():
+        return False
+    return t.is_contiguous(memory_format=torch.channels_last if t.dim() == 4
+                           else torch.channels_last_3d)
+
+
+def _as_channels_last(t):
+    if not isinstance(t, NeuronTensor) or t.dim() not in (4, 5) or t.numel() == 0:
+        return t
+    fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+    if t.is_contiguous(memory_format=fmt):
+        return t
+    out = T.empty(t.shape, t.dtype, _memory_format_strides(t.shape, fmt))
+    np.copyto(out._nd, t._nd)
+    return out
 
 
 @register(aten.contiguous.default)

@@ -14,6 +14,7 @@ from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.meta import meta_run
@@ -300,6 +301,7 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
 
 
 @register(aten.native_group_norm.default)
+@keeps_channels_last(0)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     meta = meta_run(aten.native_group_norm.default, input, weight, bias, N, C, HxW, group, eps)
     return row_norm(input, weight, bias, meta[1].shape, meta[1].dtype, N * group,
@@ -406,6 +408,7 @@ def _ncs(t: T.NeuronTensor) -> np.ndarray:
         np.empty((t.shape[0], t.shape[1], 0), t._nd.dtype)
 
 
+@keeps_channels_last(0)
 def batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     """(out, save_mean, save_invstd); updates the running statistics when training."""
     meta = meta_run(aten.native_batch_norm.default, input, weight, bias, running_mean,

@@ -15,6 +15,7 @@ import torch
 from neuron_eager.device_sim import core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.matmul import flat, meta_check, narrow_into, result_buffer, widen
 from neuron_eager.ops.registry import register
@@ -252,12 +253,14 @@ def _max_pool(op, k, x, kernel_size, stride, padding, dilation, ceil_mode):
 
 
 @register(aten.max_pool2d_with_indices.default)
+@keeps_channels_last(0)
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(aten.max_pool2d_with_indices.default, 2, x, kernel_size, stride, padding,
                      dilation, ceil_mode)
 
 
 @register(aten.max_pool3d_with_indices.default)
+@keeps_channels_last(0)
 def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(aten.max_pool3d_with_indices.default, 3, x, kernel_size, stride, padding,
                      dilation, ceil_mode)
@@ -273,11 +276,13 @@ def _adaptive_max(op, k, x, output_size):
 
 
 @register(aten.adaptive_max_pool2d.default)
+@keeps_channels_last(0)
 def adaptive_max_pool2d(x, output_size):
     return _adaptive_max(aten.adaptive_max_pool2d.default, 2, x, output_size)
 
 
 @register(aten.adaptive_max_pool3d.default)
+@keeps_channels_last(0)
 def adaptive_max_pool3d(x, output_size):
     return _adaptive_max(aten.adaptive_max_pool3d.default, 3, x, output_size)
 
@@ -417,6 +422,7 @@ def _avg_pool(op, k, args):
 
 
 @register(aten.avg_pool2d.default)
+@keeps_channels_last(0)
 def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     return _avg_pool(aten.avg_pool2d.default, 2, (x, kernel_size, stride, padding, ceil_mode,
@@ -424,6 +430,7 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
 
 
 @register(aten.avg_pool3d.default)
+@keeps_channels_last(0)
 def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     return _avg_pool(aten.avg_pool3d.default, 3, (x, kernel_size, stride, padding, ceil_mode,
@@ -466,11 +473,13 @@ def _adaptive_avg(op, k, x, output_size):
 
 
 @register(aten._adaptive_avg_pool2d.default)
+@keeps_channels_last(0)
 def adaptive_avg_pool2d(x, output_size):
     return _adaptive_avg(aten._adaptive_avg_pool2d.default, 2, x, output_size)
 
 
 @register(aten._adaptive_avg_pool3d.default)
+@keeps_channels_last(0)
 def adaptive_avg_pool3d(x, output_size):
     return _adaptive_avg(aten._adaptive_avg_pool3d.default, 3, x, output_size)
 

@@ -55,6 +55,31 @@ def test_conv2d_channels_last_and_module(seed):
     torch.testing.assert_close(dev(x.to("neuron")).cpu(), conv(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("op", [
+    lambda x, w: F.conv2d(x, w, padding=1),
+    lambda x, w: F.conv2d(x.contiguous(), w.contiguous(memory_format=torch.channels_last)),
+    lambda x, w: F.conv_transpose2d(x, w.transpose(0, 1).contiguous()),
+    lambda x, w: F.max_pool2d(x, 2, return_indices=True),
+    lambda x, w: F.avg_pool2d(x, 3, stride=2, padding=1),
+    lambda x, w: F.adaptive_avg_pool2d(x, 3),
+    lambda x, w: F.adaptive_max_pool2d(x, (2, 3), return_indices=True),
+    lambda x, w: F.batch_norm(x, None, None, training=True),
+    lambda x, w: F.group_norm(x, 2),
+    lambda x, w: F.conv3d(x[:, :, None].expand(-1, -1, 3, -1, -1).contiguous(
+        memory_format=torch.channels_last_3d), w[:, :, None]),
+    lambda x, w: F.max_pool3d(x[:, :, None].expand(-1, -1, 2, -1, -1).contiguous(
+        memory_format=torch.channels_last_3d), 2),
+])
+def test_channels_last_inputs_give_the_cpus_result_layout(op, seed):
+    # Note [Channels-last results] in ops/copy.py: same values and strides as the CPU
+    x = torch.randn(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(6, 4, 3, 3)
+    expected, got = op(x, w), op(x.to("neuron"), w.to("neuron"))
+    for e, g in zip(*(r if isinstance(r, tuple) else (r,) for r in (expected, got))):
+        assert g.stride() == e.stride()
+        torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_conv_transpose(dtype, seed):
     x, w, b = _rand(2, 4, 5, 6, dtype=dtype), _rand(4, 3, 3, 3, dtype=dtype), _rand(6, dtype=dtype)
