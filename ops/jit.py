@@ -15,7 +15,12 @@ import types
 import warnings
 from pathlib import Path
 
+import llvmlite.binding as llvm
 import numba
+from llvmlite import ir
+from numba import types as nbtypes
+from numba.core import cgutils
+from numba.core.extending import intrinsic
 
 from neuron_eager.ops import _compat, diskcache
 
@@ -169,3 +174,32 @@ def _code(code) -> tuple:
 # start in each process keeps every symbol distinct.
 _compat.unique_numba_symbols()
 _FunctionCache = _compat.numba_function_cache(plain_folder, function_key)
+
+
+# Note [Native calls by symbol]
+# A kernel holding a ctypes function holds its address, which is new in every process, so
+# Numba cannot keep such a kernel on disk and every process compiled it again (1.8 s for a
+# first torch.linalg.inv). `native_call` registers the address with LLVM under a name of
+# ours (llvmlite's add_symbol) and returns a jitted call of that name: machine code read
+# from disk is linked to this process's address when it is loaded.
+def native_call(symbol: str, address: int, nargs: int):
+    """A jitted call of the C function at `address` taking `nargs` pointer-sized integer
+    arguments and returning nothing (a result is ignored), by the LLVM name `symbol`."""
+    llvm.add_symbol(symbol, address)
+
+    @intrinsic
+    def call(typingctx, *args):
+        if len(args) != nargs or not all(isinstance(a, nbtypes.Integer) for a in args):
+            return None
+
+        def codegen(context, builder, signature, llargs):
+            pointer = ir.IntType(8).as_pointer()
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [pointer] * nargs), symbol)
+            values = cgutils.unpack_tuple(builder, llargs[0], nargs) if nargs else []
+            builder.call(fn, [builder.inttoptr(v, pointer) for v in values])
+            return context.get_dummy_value()
+
+        return nbtypes.void(nbtypes.StarArgTuple.from_types(args)), codegen
+
+    return call

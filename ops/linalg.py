@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import ctypes
 
-import llvmlite.binding as llvm
 import numpy as np
 import torch
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.core.extending import get_cython_function_address, intrinsic
+from numba.core.extending import get_cython_function_address
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops._compat import torch_lapack_library
-from neuron_eager.ops.jit import njit
+from neuron_eager.ops.jit import native_call, njit
 from neuron_eager.ops.meta import meta_run
 from neuron_eager.ops.registry import register
 
@@ -40,13 +36,7 @@ JIT = dict(error_model="numpy", nogil=True)
 # Singular vectors' and eigenvectors' signs are implementation-defined: MKL's differ from
 # reference LAPACK's, so torch's own LAPACK (when it exports the symbols) gives CPU-identical
 # results; SciPy's is the fallback.
-#
-# Note [LAPACK by symbol]
-# A kernel holding a ctypes function holds its address, which is new in every process, so
-# Numba could not keep such kernels on disk: every process compiled them again (1.8 s for a
-# first torch.linalg.inv). Instead each routine's address is registered with LLVM under a
-# name of ours (llvmlite's add_symbol) and the kernels call that name: machine code read
-# from disk is linked to this process's address when it is loaded.
+# The kernels call each routine by an LLVM symbol (Note [Native calls by symbol] in ops/jit.py).
 _MKL = torch_lapack_library()
 
 
@@ -56,25 +46,7 @@ def _binding(name: str, nargs: int, module: str = "lapack"):
         addr = ctypes.cast(getattr(_MKL, name + "_"), ctypes.c_void_p).value
     else:
         addr = get_cython_function_address(f"scipy.linalg.cython_{module}", name)
-    symbol = f"neuron_eager_{name}"
-    llvm.add_symbol(symbol, addr)
-
-    @intrinsic
-    def call(typingctx, *args):
-        if len(args) != nargs or not all(isinstance(a, types.Integer) for a in args):
-            return None
-
-        def codegen(context, builder, signature, llargs):
-            pointer = ir.IntType(8).as_pointer()
-            fnty = ir.FunctionType(ir.VoidType(), [pointer] * nargs)
-            fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
-            builder.call(fn, [builder.inttoptr(v, pointer)
-                              for v in cgutils.unpack_tuple(builder, llargs[0], nargs)])
-            return context.get_dummy_value()
-
-        return types.void(types.StarArgTuple.from_types(args)), codegen
-
-    return call
+    return native_call(f"neuron_eager_{name}", addr, nargs)
 
 
 spotrf = _binding("spotrf", 5)

@@ -30,19 +30,18 @@ import os
 import threading
 
 import numpy as np
-from neuron_eager.ops.jit import njit
+from neuron_eager.ops.jit import native_call, njit
 
 COUNT = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1, 8)  # the cores this process may run on
 SPINS = 4000  # sched_yield turns before an idle worker sleeps (about a millisecond)
 
-_libc = ctypes.CDLL(None)
-_sched_yield = _libc.sched_yield
-_sched_yield.restype = ctypes.c_int
-_sched_yield.argtypes = ()
+_sched_yield = native_call(  # (Note [Native calls by symbol] in ops/jit.py)
+    "neuron_eager_sched_yield",
+    ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value, 0)
 
 
-@njit(nogil=True, cache=False)  # it calls a ctypes function (Numba cannot cache that)
+@njit(nogil=True)
 def _wait(flag, value, spins):
     """Spin until flag[0] >= value (True), or `spins` turns pass (False)."""
     for _ in range(spins):
@@ -52,7 +51,7 @@ def _wait(flag, value, spins):
     return flag[0] >= value
 
 
-@njit(nogil=True, cache=False)  # it calls a ctypes function (Numba cannot cache that)
+@njit(nogil=True)
 def _finish_and_wait(done, seq, go, value, spins):
     done[0] = seq  # inside the nogil call: the caller finds the GIL free
     return _wait(go, value, spins)
