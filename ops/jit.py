@@ -113,7 +113,8 @@ def _describe(value, memo: dict):
         return described
     defn = getattr(value, "_defn", None)  # an intrinsic: its code writes the LLVM IR
     if isinstance(defn, types.FunctionType):
-        return ("intrinsic", defn.__module__, defn.__qualname__, _code(defn.__code__))
+        cells = tuple(_describe(c.cell_contents, memo) for c in defn.__closure__ or ())
+        return ("intrinsic", defn.__module__, defn.__qualname__, _code(defn.__code__), cells)
     if isinstance(value, types.FunctionType):  # a jitted function's Python source
         return ("py", value.__module__, value.__qualname__) + _parts(value, memo)
     if isinstance(value, types.ModuleType):

@@ -62,6 +62,18 @@ def test_keys_see_constants_and_closure_contents():
     assert jit.function_key(make(2.0)) != jit.function_key(make(3.0))
 
 
+def test_keys_see_which_native_function_a_call_names():
+    # Note [Native calls by symbol]: the address is not part of a key (it changes with every
+    # process), the symbol and the argument count are
+    import ctypes
+    address = ctypes.cast(ctypes.CDLL(None).getpid, ctypes.c_void_p).value
+    calls = [jit.native_call(name, address, n) for name, n in
+             (("neuron_eager_test_a", 0), ("neuron_eager_test_a", 0), ("neuron_eager_test_b", 0),
+              ("neuron_eager_test_a", 1))]
+    keys = [jit._describe(c, {}) for c in calls]
+    assert keys[0] == keys[1] and len({keys[0], keys[2], keys[3]}) == 3
+
+
 def test_keys_of_factory_kernels_are_the_same_in_another_process():
     """A closure over jitted loaders (pickled, a Numba function carries a random id) keys the
     same in every process, or a second process would never find it."""
