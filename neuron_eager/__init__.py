@@ -29,6 +29,7 @@ _compat.ensure_foreach_support(NeuronTensor)
 _compat.install_accelerator_memory(_device.memory_stats, _device.synchronize)
 _compat.install_pinned_memory_shim()
 _compat.install_tied_parameters_shim()
+_compat.install_compile_shim()
 serialization.install()  # torch.load(..., map_location="neuron")
 profiler.install()  # torch.profiler shows neuron kernels with their simulated device time
 sys.modules.setdefault("torch.neuron", _device)

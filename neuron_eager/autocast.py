@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 
+from neuron_eager.ops import _compat
 from neuron_eager.ops.tensor import DEVICE
 
 aten = torch.ops.aten
@@ -256,6 +257,7 @@ def _impl(lib: torch.library.Library, op, policy: str, kernel: Callable) -> None
     if op in POLICY:
         raise RuntimeError(f"{op} is listed twice ({POLICY[op]} and {policy})")
     POLICY[op] = policy
+    _compat.keep_dynamo_out(kernel)  # (called from C++ while a compiled graph runs)
     lib.impl(op, kernel, KEY)
 
 

@@ -64,6 +64,45 @@ def keep_dynamo_out(fn) -> None:
     eval_frame.set_code_exec_strategy(fn.__code__, eval_frame._FrameExecStrategy(skip, skip))
 
 
+# Note [Compiled graphs on neuron]
+# Dynamo breaks the graph at every op on a neuron tensor (Note [torch.compile] in
+# ops/tensor.py), but a factory with device="neuron" (`torch.arange(T, device=x.device)`)
+# has no tensor argument, so it lands in a graph, and Inductor, which has no code generator
+# for the device, failed on it (KeyError: 'neuron'). Graphs that make or take a neuron tensor
+# therefore run as they were traced, op by op through the device's kernels (eager's
+# results); others still go to Inductor.
+_plain_inductor_call = None
+
+
+def _touches(graph_module, inputs) -> bool:
+    for t in inputs:
+        if getattr(getattr(t, "device", None), "type", None) == BACKEND:
+            return True
+    for node in graph_module.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if getattr(getattr(v, "device", None), "type", None) == BACKEND:
+                return True
+    return False
+
+
+def install_compile_shim() -> None:
+    """Send torch.compile's graphs that touch neuron tensors around Inductor (Note [Compiled
+    graphs on neuron]); Inductor is not imported until torch.compile runs."""
+    global _plain_inductor_call
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None or _plain_inductor_call is not None:
+        return
+    _plain_inductor_call = wrapper.__call__
+
+    def __call__(self, model_, inputs_, **kwargs):
+        if _touches(model_, inputs_):
+            return model_
+        return _plain_inductor_call(self, model_, inputs_, **kwargs)
+
+    wrapper.__call__ = __call__
+
+
 def set_metadata(tensor: torch.Tensor, shape, stride, offset: int) -> None:
     """Change a wrapper tensor's size, stride and offset in place (resize_, set_, t_, ...).
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import core
+from neuron_eager.ops import _compat
 from neuron_eager.ops import copy as C
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
@@ -210,6 +211,7 @@ def _on_device_zero(factory):
             T.check_device_index(torch.device(device))
         return factory(*args, **kwargs)
 
+    _compat.keep_dynamo_out(run)  # (called from C++ while a compiled graph runs)
     return run
 
 

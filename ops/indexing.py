@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import core
+from neuron_eager.ops import _compat
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
@@ -604,3 +605,4 @@ def one_hot(x, num_classes=-1):
 
 _autograd_lib = torch.library.Library("aten", "IMPL")
 _autograd_lib.impl("one_hot", one_hot, "AutogradPrivateUse1")
+_compat.keep_dynamo_out(one_hot)  # (called from C++ while a compiled graph runs)

@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+from neuron_eager.ops import _compat
+
 KERNELS: dict[torch._ops.OpOverload, Callable] = {}
 
 
@@ -70,4 +72,5 @@ def _below_autograd(op: torch._ops.OpOverload) -> Callable:
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args, **kwargs)
 
+    _compat.keep_dynamo_out(kernel)  # (called from C++ while a compiled graph runs)
     return kernel

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import core
+from neuron_eager.ops import _compat
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
@@ -519,6 +520,7 @@ def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_mem
 _lib = torch.library.Library("aten", "IMPL")
 _lib.impl("randperm", randperm, "PrivateUse1")
 _lib.impl("randperm.generator", randperm, "PrivateUse1")
+_compat.keep_dynamo_out(randperm)  # (called from C++ while a compiled graph runs)
 
 
 @njit(**_JIT)

@@ -399,6 +399,29 @@ def test_torch_compile_runs_neuron_models_with_eager_results():
     assert model[0].weight.grad is not None and neuron_eager.get_fallback_ops() == {}
 
 
+def test_torch_compile_runs_a_gpt_with_factories_on_the_device():
+    # Note [Compiled graphs on neuron]: `torch.arange(T, device=idx.device)` alone in a graph
+    # runs through the device, and Dynamo stays out of the factories' kernels (a fresh
+    # process traced into Numba before); in both modes, with eager's results
+    from neuron_eager import adaptive, workloads
+
+    torch.manual_seed(0)
+    model = workloads.GPT(vocab=50, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    idx = torch.randint(0, 50, (2, 8))
+    expected = model(idx, idx)
+    model.to("neuron")
+    for on in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(model)
+        with warnings.catch_warnings(), adaptive.adaptive_eager(on):
+            warnings.simplefilter("ignore")  # Dynamo's notes on the graph breaks
+            loss = compiled(idx.to("neuron"), idx.to("neuron"))
+            torch.testing.assert_close(loss.cpu(), expected, rtol=1e-5, atol=1e-5)
+            assert torch.equal(torch.compile(lambda x: torch.arange(x.shape[1], device=x.device))(
+                idx.to("neuron")).cpu(), torch.arange(8))
+    assert neuron_eager.get_fallback_ops() == {}
+
+
 def test_clone_and_empty_like_lay_out_memory_like_aten():
     # preserve_format keeps a dense layout (any dim order); an expanded or overlapping one is
     # made dense in its stride order, so `.view(-1)` works where it works on the CPU
