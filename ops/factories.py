@@ -172,6 +172,22 @@ def efficient_zero_tensor(size, *, dtype=None, layout=None, device=None, pin_mem
     return full(size, 0, dtype=dtype or torch.get_default_dtype(), layout=layout)
 
 
+@register(aten._new_zeros_with_same_feature_meta.default)
+def new_zeros_with_same_feature_meta(x, other, *, self_num_batch_dims=0):
+    """Forward-mode AD's zero tangent: `other`'s sizes, strides and offset over zeroed memory
+    as large as other's, with x's first `self_num_batch_dims` sizes in front, each batch slice
+    a copy of that memory laid end to end (the layout PyTorch's own kernel gives)."""
+    k = self_num_batch_dims
+    sizes = [*x.shape[:k], *other.shape]
+    span = other._storage.nbytes // other.element_size()  # other's whole memory, in elements
+    batch_strides = []
+    for n in reversed(sizes[:k]):
+        batch_strides.insert(0, span)
+        span *= n
+    memory = full((span,), 0, dtype=other.dtype)
+    return memory.as_strided(sizes, [*batch_strides, *other.stride()], other.storage_offset())
+
+
 def _tri_indices(op, lower):
     def tri_indices(row, col, offset=0, *, dtype=None, layout=None, device=None,
                     pin_memory=None):

@@ -477,3 +477,23 @@ def test_storage_of_a_neuron_tensor_copies_to_the_host():
     host = x.untyped_storage().cpu()
     assert host.device.type == "cpu" and host.nbytes() == 24
     assert torch.equal(torch.empty(0).set_(host, 0, (6,), (1,)), torch.arange(6.0))
+
+
+def test_forward_mode_ad_runs_on_the_device():
+    # jacfwd/jvp make zero tangents with _new_zeros_with_same_feature_meta: other's layout
+    # over zeroed memory, batch slices end to end, as PyTorch lays it out
+    base, b = torch.randn(3, 4), torch.randn(5, 2, 3)
+    for k in (0, 1, 2):
+        expected = torch.ops.aten._new_zeros_with_same_feature_meta(b, base[:, 1:],
+                                                                    self_num_batch_dims=k)
+        got = torch.ops.aten._new_zeros_with_same_feature_meta(
+            b.to("neuron"), base.to("neuron")[:, 1:], self_num_batch_dims=k)
+        assert (got.shape, got.stride(), got.storage_offset()) == \
+            (expected.shape, expected.stride(), expected.storage_offset())
+        assert torch.equal(got.cpu(), expected)
+    neuron_eager.clear_op_tracking()
+    x, w = torch.randn(4), torch.randn(3, 4)
+    jac = torch.func.jacfwd(lambda x: torch.tanh(w.to("neuron") @ x))(x.to("neuron"))
+    torch.testing.assert_close(jac.cpu(), torch.func.jacfwd(lambda x: torch.tanh(w @ x))(x),
+                               rtol=1e-5, atol=1e-6)
+    assert neuron_eager.get_fallback_ops() == {}
