@@ -13,6 +13,7 @@ from neuron_eager.ops import (  # noqa: F401
     copy,
     factories,
     foreach,
+    gamma,
     indexing,
     linalg,
     linalg_solve,

@@ -29,9 +29,16 @@ _MASK32 = np.uint64(0xFFFFFFFF)
 @njit(inline="always")
 def philox(counter, key):
     """Two 32-bit random words for a 64-bit counter and 64-bit key (Philox4x32-10)."""
+    return philox_stream(counter, np.uint32(0), key)
+
+
+@njit(inline="always")
+def philox_stream(counter, stream, key):
+    """philox's words from another stream of the same counter (the counter's third word):
+    for kernels that draw a varying number of values per element (rejection sampling)."""
     c0 = np.uint32(counter & _MASK32)
     c1 = np.uint32(counter >> np.uint64(32))
-    c2 = np.uint32(0)
+    c2 = np.uint32(stream)
     c3 = np.uint32(0)
     k0 = np.uint32(key & _MASK32)
     k1 = np.uint32(key >> np.uint64(32))

@@ -86,7 +86,7 @@ def _sampler(name: str, code: str):
     return fn
 
 
-def _check_generator(generator):
+def check_generator(generator):
     if generator is not None:
         raise RuntimeError("neuron sampling draws from the device generator (seed it with "
                            "torch.neuron.manual_seed); torch.Generator objects are not supported")
@@ -112,7 +112,7 @@ def _float_only(x, op):
 
 @register(aten.uniform_.default)
 def uniform_(x, from_=0.0, to=1.0, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     _float_only(x, "check_uniform_bounds")
     if from_ > to:
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found "
@@ -122,7 +122,7 @@ def uniform_(x, from_=0.0, to=1.0, *, generator=None):
 
 @register(aten.normal_.default)
 def normal_(x, mean=0.0, std=1.0, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     _float_only(x, "normal_kernel_cpu")
     if std < 0:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
@@ -131,7 +131,7 @@ def normal_(x, mean=0.0, std=1.0, *, generator=None):
 
 @register(aten.exponential_.default)
 def exponential_(x, lambd=1.0, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     _float_only(x, "exponential_cpu")
     if not lambd > 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
@@ -140,7 +140,7 @@ def exponential_(x, lambd=1.0, *, generator=None):
 
 @register(aten.geometric_.default)
 def geometric_(x, p, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     if x.dtype == torch.bool:
         raise NotImplementedError("\"geometric_cpu\" not implemented for 'Bool'")
     if not 0 < p < 1:
@@ -150,7 +150,7 @@ def geometric_(x, p, *, generator=None):
 
 @register(aten.cauchy_.default)
 def cauchy_(x, median=0.0, sigma=1.0, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     if not x.dtype.is_floating_point:
         raise RuntimeError(f"Cauchy distribution is a continuous probability distribution. dtype "
                            f"must be a floating point but you specified {T.CPP_NAMES[x.dtype]}")
@@ -161,7 +161,7 @@ def cauchy_(x, median=0.0, sigma=1.0, *, generator=None):
 
 @register(aten.log_normal_.default)
 def log_normal_(x, mean=1.0, std=2.0, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     _float_only(x, "log_normal_cpu")
     if not std > 0:
         raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std:g}")
@@ -222,7 +222,7 @@ def _rrelu(x, noise, lower, upper, training):
 
 @register(aten.rrelu_with_noise.default)
 def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3, training=False, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     out, sampled = _rrelu(x, noise, lower, upper, training)
     if sampled is not noise:
         E.copy_into(noise, sampled)
@@ -232,7 +232,7 @@ def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3, training=False, gener
 @register(aten.rrelu_with_noise_functional.default)
 def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1.0 / 3, training=False,
                                 generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     out, sampled = _rrelu(x, noise, lower, upper, training)
     return out, (E.copy_into(T.empty(noise.shape, noise.dtype), noise) if sampled is noise
                  else sampled)
@@ -272,7 +272,7 @@ _AFFINE = E.Elementwise("normal_affine", njit(lambda z, m, s: m + s * z))
 
 
 def _normal(op, mean, std, generator):
-    _check_generator(generator)
+    check_generator(generator)
     metas = [meta_like(v) if isinstance(v, torch.Tensor) else v for v in (mean, std)]
     meta = op(*metas)
     if isinstance(std, torch.Tensor):
@@ -302,7 +302,7 @@ def normal_tensor_tensor(mean, std, *, generator=None):
 # -- bernoulli, dropout ---------------------------------------------------------------------
 @register(aten.bernoulli_.float)
 def bernoulli_float_(x, p=0.5, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     if not 0 <= p <= 1:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
     return fill_random(x, "bernoulli", p)
@@ -322,13 +322,13 @@ def _probabilities(p: torch.Tensor, shape) -> np.ndarray:
 
 @register(aten.bernoulli_.Tensor)
 def bernoulli_tensor_(x, p, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     return fill_random(x, "bernoulli", p=_probabilities(p, x.shape))
 
 
 @register(aten.bernoulli.default)
 def bernoulli(x, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     return fill_random(T.empty(x.shape, x.dtype), "bernoulli", p=_probabilities(x, x.shape))
 
 
@@ -455,13 +455,13 @@ def _fill_integers(x, start: int, span: int):
 
 @register(aten.random_.default)
 def random_(x, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     return _fill_integers(x, 0, _upper(x.dtype) + 1)
 
 
 @register(getattr(aten.random_, "from"))  # `from` is a Python keyword
 def random_from(x, from_, to=None, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     to = _upper(x.dtype) + 1 if to is None else to
     if from_ >= to:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
@@ -503,7 +503,7 @@ def randperm_into(out: NeuronTensor, n: int) -> NeuronTensor:
 
 @register(aten.randperm.generator_out)
 def randperm_generator_out(n, *, generator=None, out):
-    _check_generator(generator)
+    check_generator(generator)
     return randperm_into(out, n)
 
 
@@ -513,7 +513,7 @@ def randperm_out(n, *, out):
 
 
 def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_generator(generator)
+    check_generator(generator)
     return randperm_into(T.empty((n,), dtype or torch.int64), n)
 
 
@@ -567,7 +567,7 @@ def _multinomial_once(out, probs, key, counter):
 
 @register(aten.multinomial.default)
 def multinomial(probs, num_samples, replacement=False, *, generator=None):
-    _check_generator(generator)
+    check_generator(generator)
     if probs.dim() not in (1, 2):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
     _float_only(probs, "multinomial")

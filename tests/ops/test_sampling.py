@@ -32,6 +32,9 @@ def _samplers():
         "cauchy": lambda: torch.empty(64, device=NEURON).cauchy_(),
         "log_normal": lambda: torch.empty(64, device=NEURON, dtype=torch.bfloat16).log_normal_(),
         "rrelu": lambda: F.rrelu(torch.linspace(-1, 1, 64, device=NEURON), training=True),
+        "gamma": lambda: torch._standard_gamma(torch.linspace(0.1, 5, 64, device=NEURON)),
+        "dirichlet": lambda: torch.distributions.Dirichlet(
+            torch.linspace(0.1, 5, 64, device=NEURON).view(8, 8)).sample(),
     }
 
 
@@ -217,3 +220,37 @@ def test_rrelu_training_and_eval(seed):
     assert torch.all((y.grad.cpu() == 1) | ((y.grad.cpu() >= 0.1) & (y.grad.cpu() <= 0.3)))
     from checks import check_op
     check_op(lambda t: F.rrelu(t, 0.1, 0.3, training=False), x.requires_grad_(), grad=True)
+
+
+@pytest.mark.parametrize("shape", [0.05, 0.5, 1.0, 3.0, 50.0])
+def test_gamma_has_its_distributions_moments(shape):
+    # Note [Gamma by rejection] in ops/gamma.py: mean and variance are both the shape
+    torch.neuron.manual_seed(0)
+    x = _host(torch._standard_gamma(torch.full((N,), shape, device=NEURON)))
+    se = math.sqrt(shape / N)  # of the mean
+    assert abs(x.mean().item() - shape) < 5 * se
+    assert abs(x.var().item() / shape - 1) < 0.05 + 5 * math.sqrt(2 / N)
+    assert (x > 0).all()
+
+
+def test_gamma_special_shapes_and_dtypes_are_the_cpus():
+    alpha = torch.tensor([0.0, -1.0, float("nan"), float("inf"), 1e-30])
+    got = torch._standard_gamma(alpha.to(NEURON)).cpu()
+    assert torch.equal(got, torch._standard_gamma(alpha))  # the smallest normal, and inf
+    for dtype in (torch.bfloat16, torch.float16):
+        with pytest.raises(NotImplementedError, match="gamma_cpu"):
+            torch._standard_gamma(torch.ones(2, dtype=dtype, device=NEURON))
+
+
+def test_dirichlet_and_beta_sample_on_the_device():
+    torch.neuron.manual_seed(1)
+    neuron_eager.clear_op_tracking()
+    a = torch.tensor([0.5, 2.0, 5.0])
+    x = _host(torch.distributions.Dirichlet(a.to(NEURON)).sample((N,)))
+    assert torch.allclose(x.sum(-1), torch.ones(N, dtype=torch.float64), atol=1e-6)
+    assert (x > 0).all() and (x < 1).all()
+    assert torch.allclose(x.mean(0), (a / a.sum()).double(), atol=3e-3)
+    b = _host(torch.distributions.Beta(torch.tensor([2.0], device=NEURON),
+                                       torch.tensor([3.0], device=NEURON)).sample((N,)))
+    assert abs(b.mean().item() - 0.4) < 3e-3 and abs(b.var().item() - 0.04) < 2e-3
+    assert neuron_eager.get_fallback_ops() == {}
