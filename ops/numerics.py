@@ -216,11 +216,6 @@ def _decoder(code: str):
     return identity
 
 
-_CASTS = {
-    "f32": njit(inline="always")(lambda x: np.float32(x)),
-    "int": njit(inline="always")(lambda x: np.int64(x)),
-    "bool": njit(inline="always")(lambda x: x != 0),
-}
 _INT32_LOW, _INT32_HIGH = np.float32(-2.0 ** 31), np.float32(2.0 ** 31)
 
 
@@ -247,6 +242,13 @@ def _to_int64(x):
     if isinstance(x, types.Float):
         return lambda x: float_to_int(x)
     return lambda x: np.int64(x)
+
+
+_CASTS = {
+    "f32": njit(inline="always")(lambda x: np.float32(x)),
+    "int": njit(inline="always")(lambda x: to_int64(x)),
+    "bool": njit(inline="always")(lambda x: x != 0),
+}
 _loaders: dict = {}
 _storers: dict = {}
 
@@ -259,8 +261,6 @@ def loader(code: str, compute: str):
         decode, cast = _decoder(code), _CASTS[compute]
         if code == "b" and compute == "bool":
             fn = identity
-        elif compute == "int" and (code in FLOAT_CODES or code in _AUTO_CAST_DECODERS):
-            fn = njit(inline="always")(lambda x: float_to_int(decode(x)))  # Note [Float to int]
         else:
             fn = njit(inline="always")(lambda x: cast(decode(x)))
         _loaders[key] = fn
