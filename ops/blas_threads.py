@@ -48,19 +48,20 @@ def _find():
 
 
 def limit(threads: int) -> int | None:
-    """Let OpenBLAS calls use `threads` threads; the previous count (for `restore`), or None
-    where the count cannot be set."""
+    """Let OpenBLAS calls use `threads` threads; the count to `restore` after, or None where
+    nothing changed (it was `threads` already, or the count cannot be set)."""
     global _calls
     if _calls is _UNSET:
         _calls = _find()
     if _calls is None:
         return None
     previous = _calls[0]()
-    if previous != threads:
-        _calls[1](threads)
+    if previous == threads:
+        return None
+    _calls[1](threads)
     return previous
 
 
 def restore(previous: int | None) -> None:
-    if previous is not None and previous != _calls[0]():
+    if previous is not None:
         _calls[1](previous)
