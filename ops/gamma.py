@@ -20,7 +20,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.random import default_generator, philox_stream, uniform01
+from neuron_eager.ops.random import default_generator, philox_stream, uniform01, uniform01_open
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sampling import check_generator, normal01
 
@@ -39,8 +39,7 @@ def _standard_gamma(alpha, counter, key):
     boost = _F32(1)
     if a < _F32(1):
         w, _ = philox_stream(counter, np.uint32(0), key)
-        u = (_F32(w >> np.uint32(8)) + _F32(1)) * _F32(5.9604644775390625e-08)  # (0, 1]
-        boost = np.exp(np.log(u) / a)
+        boost = np.exp(np.log(uniform01_open(w)) / a)
         a = a + _F32(1)
     d = a - _F32(1.0 / 3.0)
     c = _F32(1) / np.sqrt(_F32(9) * d)

@@ -61,6 +61,12 @@ def uniform01(word):
     return np.float32(word >> np.uint32(8)) * np.float32(5.9604644775390625e-08)
 
 
+@njit(inline="always")
+def uniform01_open(word):
+    """A float32 in (0, 1] from the top 24 bits of a random word (its log is finite)."""
+    return (np.float32(word >> np.uint32(8)) + np.float32(1)) * np.float32(5.9604644775390625e-08)
+
+
 class Generator:
     """The NeuronCore's random state: a seed and a counter offset."""
 

@@ -20,7 +20,7 @@ from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import honours_device
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.random import default_generator, philox, uniform01
+from neuron_eager.ops.random import default_generator, philox, uniform01, uniform01_open
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.views import meta_like
 
@@ -36,7 +36,7 @@ _NO_P = np.empty(0, np.float32)
 @njit(inline="always")
 def normal01(w0, w1):
     """A standard normal (Box-Muller); u1 lies in (0, 1] so the log is finite."""
-    u1 = (_F32(w0 >> np.uint32(8)) + _F32(1)) * _F32(5.9604644775390625e-08)
+    u1 = uniform01_open(w0)
     u2 = uniform01(w1)
     return np.sqrt(_F32(-2) * np.log(u1)) * np.cos(_TWO_PI * u2)
 
