@@ -1,6 +1,6 @@
 """Gamma sampling on the GpSimd engine: `torch._standard_gamma`, which torch.distributions'
 Gamma and Chi2 draw from, and `torch._sample_dirichlet` (Dirichlet and Beta) built on it.
-The reparameterised gradient (`_standard_gamma_grad`, for rsample) still runs on the CPU.
+Their reparameterised gradients (rsample's backward) are in ops/reparam_grad.py.
 
 Note [Gamma by rejection]
 Marsaglia and Tsang's method: for shape a >= 1, with d = a - 1/3 and c = 1/sqrt(9d), draw a

@@ -35,6 +35,7 @@ def _samplers():
         "gamma": lambda: torch._standard_gamma(torch.linspace(0.1, 5, 64, device=NEURON)),
         "dirichlet": lambda: torch.distributions.Dirichlet(
             torch.linspace(0.1, 5, 64, device=NEURON).view(8, 8)).sample(),
+        "poisson": lambda: torch.poisson(torch.linspace(0, 40, 64, device=NEURON)),
     }
 
 
@@ -254,3 +255,93 @@ def test_dirichlet_and_beta_sample_on_the_device():
                                        torch.tensor([3.0], device=NEURON)).sample((N,)))
     assert abs(b.mean().item() - 0.4) < 3e-3 and abs(b.var().item() - 0.04) < 2e-3
     assert neuron_eager.get_fallback_ops() == {}
+
+
+@pytest.mark.parametrize("rate", [0.3, 3.0, 9.5, 10.0, 37.0, 1e4])
+def test_poisson_follows_its_probability_mass(rate):
+    # Note [Poisson by rejection] in ops/poisson.py: both methods, against the exact pmf
+    torch.neuron.manual_seed(2)
+    neuron_eager.clear_op_tracking()
+    k = torch.poisson(torch.full((N,), rate, device=NEURON)).cpu().long()
+    assert neuron_eager.get_fallback_ops() == {}
+    counts = torch.bincount(k).double()
+    ks = torch.arange(len(counts), dtype=torch.float64)
+    expected = N * torch.exp(-rate + ks * math.log(rate) - torch.lgamma(ks + 1))
+    used = expected > 20
+    chi2 = (((counts - expected) ** 2) / expected)[used].sum().item()
+    dof = int(used.sum()) - 1
+    assert chi2 < dof + 5 * math.sqrt(2 * dof)  # far out in the tail of chi2(dof)
+
+
+def test_poisson_special_rates_dtypes_and_errors_are_the_cpus():
+    rates = torch.tensor([0.0, float("inf"), 1e8])
+    got = torch.poisson(rates.to(NEURON)).cpu()
+    assert got[0] == 0 and got[1] == torch.poisson(rates[1:2])[0]  # inf: the CPU's -2^63
+    assert abs(got[2].item() - 1e8) < 7 * 1e4
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        x = torch.poisson(torch.full((1000,), 4.0, dtype=dtype, device=NEURON))
+        assert x.dtype == dtype and abs(x.double().mean().item() - 4) < 0.5
+    for bad in (-1.0, float("nan")):
+        rate = torch.tensor([1.0, bad])
+        with pytest.raises(RuntimeError, match="invalid Poisson rate") as cpu_error:
+            torch.poisson(rate)
+        state = torch.neuron.get_rng_state()
+        with pytest.raises(RuntimeError) as ours:
+            torch.poisson(rate.to(NEURON))
+        assert str(ours.value) == str(cpu_error.value)
+        assert torch.equal(torch.neuron.get_rng_state(), state)  # nothing drawn
+    with pytest.raises(NotImplementedError, match="poisson_cpu"):
+        torch.poisson(torch.ones(2, dtype=torch.long, device=NEURON))
+
+
+def _gamma_grad_grid():
+    """Shapes and samples across the three pieces of Note [Pathwise gradients]."""
+    g = torch.Generator().manual_seed(3)
+    alpha = torch.logspace(-2, 2.5, 40).repeat_interleave(50)
+    x = torch._standard_gamma(alpha, generator=g).clamp_min(1e-30)
+    return alpha, x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gamma_sample_gradient_is_the_cpus(dtype):
+    alpha, x = (t.to(dtype) for t in _gamma_grad_grid())
+    assert (x < 0.8).any() and ((alpha > 8) & ((x - alpha).abs() < 0.1 * alpha)).any()
+    got = torch._standard_gamma_grad(alpha.to(NEURON), x.to(NEURON)).cpu()
+    # both evaluate in double; float64 inputs pass through fp32 on the engines
+    want = torch._standard_gamma_grad(alpha.float(), x.float()).to(dtype)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    with pytest.raises(NotImplementedError, match="_standard_gamma_grad_cpu"):
+        torch._standard_gamma_grad(alpha.bfloat16().to(NEURON), x.bfloat16().to(NEURON))
+
+
+def test_dirichlet_sample_gradient_is_the_cpus():
+    g = torch.Generator().manual_seed(4)
+    a = torch.logspace(-1.5, 2, 30).repeat_interleave(30)
+    b = torch.logspace(-1.5, 2, 30).repeat(30)
+    x = torch._sample_dirichlet(torch.stack([a, b], -1), generator=g)[:, 0].clamp(1e-6, 1 - 1e-6)
+    got = torch._dirichlet_grad(x.to(NEURON), a.to(NEURON), (a + b).to(NEURON)).cpu()
+    # the CPU's float32 kernel runs its series near 0 and 1 in float (off by up to 1e-3
+    # there); its float64 kernel is the reference for ours, which runs in double
+    want = torch._dirichlet_grad(x.double(), a.double(), (a + b).double()).float()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(got, torch._dirichlet_grad(x, a, a + b), rtol=2e-3, atol=0)
+
+
+def test_rsample_backward_runs_on_the_device():
+    neuron_eager.clear_op_tracking()
+    torch.neuron.manual_seed(5)
+    conc = torch.tensor([0.5, 2.0, 9.0], device=NEURON, requires_grad=True)
+    dists = [torch.distributions.Gamma(conc, 2.0), torch.distributions.Beta(conc, conc + 1),
+             torch.distributions.Dirichlet(torch.stack([conc, conc + 1], -1)),
+             torch.distributions.StudentT(conc + 1)]
+    for d in dists:
+        conc.grad = None
+        d.rsample((4,)).pow(2).sum().backward()
+        assert torch.isfinite(conc.grad.cpu()).all()
+    assert neuron_eager.get_fallback_ops() == {}
+    # Gamma's gradient through the sampled values: what the CPU computes for those values
+    conc.grad = None
+    x = torch._standard_gamma(conc.expand(4, 3))
+    x.sum().backward()
+    want = torch._standard_gamma_grad(conc.detach().cpu().expand(4, 3), x.detach().cpu()).sum(0)
+    torch.testing.assert_close(conc.grad.cpu(), want)
