@@ -1,4 +1,4 @@
-"""The fused optimizer steps (`torch.optim.Adam/AdamW/SGD(fused=True)`), from foreach ops.
+"""The fused optimizer steps (`torch.optim.Adam/AdamW/SGD/Adagrad(fused=True)`), from foreach ops.
 
 The CPU's fused kernels are the reference: gradients are unscaled in place by grad_scale,
 a found_inf of 1 skips the whole step, bias corrections and the step size are computed in
@@ -87,3 +87,21 @@ def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay, momentum, l
             aten._foreach_add_.List(bufs, g, alpha=1 - dampening)
         g = aten._foreach_add.List(g, bufs, alpha=momentum) if nesterov else bufs
     aten._foreach_add_.List(params, g, alpha=-lr)
+
+
+@register(aten._fused_adagrad_.default)
+def fused_adagrad_(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps,
+                   maximize, grad_scale=None, found_inf=None):
+    if not params or _skipped(found_inf):
+        return
+    g = _unscaled(grads, grad_scale, maximize)
+    if weight_decay != 0:
+        g = aten._foreach_add.List(g, params, alpha=weight_decay)
+    aten._foreach_addcmul_.Scalar(state_sums, g, g, 1)
+    std = aten._foreach_sqrt.default(state_sums)
+    aten._foreach_add_.Scalar(std, eps)
+    # the CPU's order: p - (clr * g) / std, with clr per parameter from its step count
+    steps = _host_values(state_steps)
+    update = aten._foreach_mul.ScalarList(g, [lr / (1 + (s - 1) * lr_decay) for s in steps])
+    aten._foreach_div_.List(update, std)
+    aten._foreach_sub_.List(params, update)

@@ -14,6 +14,8 @@ CASES = [
     (torch.optim.SGD, dict(lr=0.1)),
     (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
     (torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1, maximize=True)),
+    (torch.optim.Adagrad, dict(lr=0.1)),
+    (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, maximize=True)),
 ]
 
 
