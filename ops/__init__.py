@@ -14,6 +14,7 @@ from neuron_eager.ops import (  # noqa: F401
     factories,
     foreach,
     gamma,
+    grouped_mm,
     indexing,
     linalg,
     linalg_solve,

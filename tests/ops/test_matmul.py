@@ -246,3 +246,61 @@ def test_matmul_reports_its_shape_to_the_cost_model():
     (record,) = [r for r in core.clock.stop_recording() if r.engine == "tensor"]
     assert record.cost == core.cost_model.cost("tensor", 5 * 300 * 70 * 600, record.nbytes,
                                                matmul=(5, 300, 70, 600), dtype="bf16")
+
+
+def _grouped_cases(dtype):
+    """torch._grouped_mm's four forms (ops/grouped_mm.py), with CPU-valid layouts."""
+    ends = lambda *e: torch.tensor(e, dtype=torch.int32)  # noqa: E731
+    experts_t = _rand(3, 12, 8, dtype=dtype).transpose(1, 2)  # column-major: N=12 pads
+    return [
+        (_rand(10, 8, dtype=dtype), _rand(3, 8, 16, dtype=dtype), ends(3, 7, 10)),
+        (_rand(10, 8, dtype=dtype), experts_t, ends(0, 6, 9)),  # an empty group, a row left
+        (_rand(4, 24, dtype=dtype), _rand(12, 24, dtype=dtype).t(), ends(8, 16, 24)),
+        (_rand(3, 4, 8, dtype=dtype), _rand(8, 24, dtype=dtype), ends(8, 16, 24)),
+        (_rand(3, 5, 8, dtype=dtype), experts_t, None),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_grouped_mm_forms_match_the_cpu(dtype, seed):
+    for a, b, offs in _grouped_cases(dtype):
+        kw = {} if offs is None else {"offs": offs}
+        want = torch._grouped_mm(a, b, **kw)
+        if offs is not None and a.dim() == 2 and b.dim() == 3:
+            want[offs[-1]:] = 0  # rows no group covers: uninitialised on the CPU, zeros here
+        neuron_eager.clear_op_tracking()
+        got = torch._grouped_mm(a.to("neuron"), b.to("neuron"),
+                                **{k: v.to("neuron") for k, v in kw.items()})
+        assert got.stride() == want.stride()  # the CPU's padded rows
+        torch.testing.assert_close(got.cpu(), want, **TOL[dtype])
+        assert neuron_eager.get_fallback_ops() == {}
+
+
+def test_grouped_mm_backward_matches_the_cpu(seed):
+    a, b, offs = _grouped_cases(torch.float32)[0]
+    check_op(lambda x, w, o: torch._grouped_mm(x, w.transpose(1, 2), offs=o),
+             a.requires_grad_(), b.transpose(1, 2).contiguous().requires_grad_(), offs,
+             grad=True, **TOL[torch.float32])
+
+
+def test_grouped_mm_errors_match_the_cpu():
+    x, w = _rand(10, 8, dtype=torch.bfloat16), _rand(3, 8, 16, dtype=torch.bfloat16)
+    offs = torch.tensor([3, 7, 9], dtype=torch.int32)
+    bad = [lambda d: (x.to(d), w.float().to(d), offs.to(d)),
+           lambda d: (x.long().to(d), w.to(d), offs.to(d)),
+           lambda d: (x.to(d), w.transpose(1, 2).to(d), offs.to(d)),
+           lambda d: (x.to(d), w.to(d), offs.view(3, 1).to(d)),
+           lambda d: (x.to(d), w[:2].to(d), offs.to(d)),
+           lambda d: (x[:, :7].contiguous().to(d), w[:, :7].to(d), offs.to(d)),  # 14-byte rows
+           lambda d: (x.to(d)[:, ::2], w.to(d)[:, ::2], offs.to(d)),
+           lambda d: (x[:, None].to(d), w.to(d), offs.to(d)),
+           lambda d: (x.to(d), w.to(d), offs.long().to(d))]
+    for args in bad:
+        with pytest.raises(RuntimeError) as cpu_error:
+            torch._grouped_mm(*args("cpu")[:2], offs=args("cpu")[2])
+        with pytest.raises(RuntimeError) as ours:
+            torch._grouped_mm(*args("neuron")[:2], offs=args("neuron")[2])
+        assert str(ours.value) == str(cpu_error.value)
+    with pytest.raises(RuntimeError, match="output dtype must match"):
+        torch._grouped_mm(x.to("neuron"), w.to("neuron"), offs=offs.to("neuron"),
+                          out_dtype=torch.float32)
