@@ -2,7 +2,8 @@
 
 Order (see ARCHITECTURE.md, "The way of one op"): a registered kernel; the
 in-place or out= form of a registered functional kernel; a PyTorch
-decomposition; a CompositeImplicitAutograd decomposition; CPU fallback with a
+decomposition; a CompositeImplicitAutograd decomposition (other libraries' ops: their own
+kernel for our backend, Note [Other libraries' ops]); CPU fallback with a
 one-time warning, counted, and an error when fallback is switched off. The
 plan for each op is decided once and cached. While the profiler records, the router
 also tells the simulated core which op and user source line each kernel comes from.
@@ -244,6 +245,9 @@ def _uses_aten_only(decomposition) -> bool:
 
 def _make_plan(func):
     if func.namespace != "aten" and func.namespace != "prims":
+        # Note [Other libraries' ops]
+        if torch._C._dispatch_has_computed_kernel_for_dispatch_key(func.name(), "PrivateUse1"):
+            return _run_own_kernel
         return cpu_fallback
     functional = _functional_of(func) if (_is_inplace(func) or _out_args(func)) else None
     if functional is not None and functional in KERNELS:
@@ -329,6 +333,19 @@ def _elementwise_into(functional, args, kwargs, dst: NeuronTensor) -> bool:
         return False
     E.run(op, operands, params, out=dst)
     return True
+
+
+# Note [Other libraries' ops]
+# An op of another library (torch.library.custom_op, Library.impl) reaches us at the Python
+# key, above its own kernels. If it has one for our backend (registered for "neuron", or for
+# every backend: custom_op without device_types, CompositeExplicitAutograd), that kernel
+# runs, as it would on CUDA: it is PyTorch code, and its ops come back here one by one.
+# Only ops whose kernels are all for other devices run on the CPU (warned and counted).
+_OUR_BACKEND = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
+def _run_own_kernel(func, args, kwargs):
+    return func.redispatch(_OUR_BACKEND, *args, **kwargs)
 
 
 def _run_decomposition(func, args, kwargs):
