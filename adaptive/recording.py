@@ -354,10 +354,12 @@ def _record_inplace(plan, args, kwargs):
     if old is not None:
         target, old.target = old.target, None  # only the last writer writes a's memory
         old.outs = [r for r in old.outs if r() is not a]
+        layout = old.stride  # a's layout stays (Note [In-place layouts])
     else:
         target = region.input(a)
         # a stand-in takes a's data fields (its arrays too): `a` itself becomes pending
         _, _, stride = region.descs[target]
+        layout = None if a.is_contiguous() else stride
         stand_in = _make_wrapper(NeuronTensor, shape, strides=stride,
                                  storage_offset=region.memory[target][1], dtype=dtype,
                                  device=T.DEVICE)
@@ -368,7 +370,8 @@ def _record_inplace(plan, args, kwargs):
         region.inputs[target] = stand_in
         del region.input_index[id(a)]  # later reads of `a` name the node
         del storage
-    _add_node(region, op, refs, params, raw, dtype, compute, shape, a, target, True)
+    node = _add_node(region, op, refs, params, raw, dtype, compute, shape, a, target, True)
+    node.stride = layout
     if len(region.nodes) >= options.max_ops:
         flush("buffer limit")
     return a
@@ -381,6 +384,14 @@ def _alive_count(refs) -> int:
         if ref() is not None:
             n += 1
     return n
+
+
+# Note [In-place layouts]
+# An in-place result keeps the updated tensor's layout: a pending result's (a transposed
+# operand's order, Note [Output layout]) or the memory's own (channels-last, a transpose).
+# The node records it as its stride, so the value is allocated, read back by later
+# groups, and seen by later ops' layout rules (_result_strides) in that layout, as plain
+# eager leaves it.
 
 
 # Note [In-place ops]

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 import torch
+from numba import types
+from numba.extending import overload
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
@@ -273,8 +275,33 @@ def floor_divide_(x, y):
     return _floor(x, y, out=x)
 
 
-@njit
+@njit(inline="always")
+def _int_pow(x, y):
+    """x ** y for integers (y >= 0: negative powers are refused first) by squaring, wrapping
+    as the CPU's integer kernel does."""
+    result, base = np.int64(1), np.int64(x)
+    while y > 0:
+        if y & 1:
+            result *= base
+        base *= base
+        y >>= 1
+    return result
+
+
 def _pow(x, y):
+    """pow's scalar function: integers stay integers (a branch returning a float would make
+    the whole function float, and overflowing powers saturate instead of wrapping)."""
+
+
+@overload(_pow, inline="always")
+def _pow_typed(x, y):
+    if isinstance(x, types.Integer) and isinstance(y, types.Integer):
+        return lambda x, y: _int_pow(x, y)
+    return lambda x, y: _float_pow(x, y)
+
+
+@njit(inline="always")
+def _float_pow(x, y):
     # the exponents PyTorch's CPU kernel computes without powf, computed as it does (the same
     # bits, and sqrt's answers at -inf and -0.0: x ** 0.5 is NaN and -0.0 there)
     if y == 2:
@@ -292,7 +319,8 @@ def _pow(x, y):
     return x ** y
 
 
-define("pow", _pow.py_func, [aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar],
+define("pow", lambda x, y: _pow(x, y),
+       [aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar],
        [aten.pow_.Tensor, aten.pow_.Scalar], engine="scalar", check=_no_negative_int_power)
 
 

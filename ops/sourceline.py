@@ -49,7 +49,10 @@ def user_frame(skip: int = 0) -> tuple[str, int]:
         return "<autograd backward>", 0
     while frame is not None:
         code = frame.f_code
-        internal = _is_internal.get(code)
+        try:
+            internal = _is_internal.get(code)
+        except TypeError:  # a code object TorchDynamo made, with a slice among its constants
+            internal = _classify(code, cache=False)
         if internal is None:
             internal = _classify(code)
         if not internal:
@@ -63,12 +66,12 @@ def user_frame(skip: int = 0) -> tuple[str, int]:
 _MODEL_CODE = os.path.join("neuron_eager", "workloads.py")
 
 
-def _classify(code) -> bool:
+def _classify(code, cache: bool = True) -> bool:
     dirs = _internal_dirs()
     name = code.co_filename
     internal = (name.startswith(dirs) or name.startswith("<frozen")) and \
         not name.endswith(_MODEL_CODE)
-    if dirs is _internal:  # complete: the answer is final
+    if cache and dirs is _internal:  # complete: the answer is final
         _is_internal[code] = internal
     return internal
 

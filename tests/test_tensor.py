@@ -422,6 +422,23 @@ def test_torch_compile_runs_a_gpt_with_factories_on_the_device():
     assert neuron_eager.get_fallback_ops() == {}
 
 
+@torch.compile
+def _rows_of_x_as_many_as_y_doubled(x, y):
+    return x[: y.shape[0]] * 2
+
+
+def test_torch_compile_slicing_by_another_tensors_shape_under_adaptive_eager():
+    # Dynamo's resumed code for this (module-level) function holds a slice constant, which
+    # made its code object unhashable in the source-line lookup (ops/sourceline.user_frame)
+    from neuron_eager import adaptive
+
+    with warnings.catch_warnings(), adaptive.adaptive_eager():
+        warnings.simplefilter("ignore")
+        got = _rows_of_x_as_many_as_y_doubled(torch.ones(4, 5, device="neuron") + 0,
+                                              torch.ones(4, 5, device="neuron"))
+        assert torch.equal(got.cpu(), torch.full((4, 5), 2.0))
+
+
 def test_clone_and_empty_like_lay_out_memory_like_aten():
     # preserve_format keeps a dense layout (any dim order); an expanded or overlapping one is
     # made dense in its stride order, so `.view(-1)` works where it works on the CPU

@@ -288,6 +288,42 @@ def test_print_item_bool_tolist_cpu(capsys):
     assert z.item() == expected.sum().item()
 
 
+@pytest.mark.parametrize("layout", ["transposed result", "channels-last memory",
+                                    "step-sliced result"])
+def test_in_place_ops_keep_the_tensors_layout(layout):
+    # Note [In-place layouts]: values, views, reductions and later results' strides
+    t, c = rand(2, 3), torch.randn(2, 3, 2, 2).to(memory_format=torch.channels_last)
+    make = {"transposed result": lambda: t.t() * 1,
+            "channels-last memory": lambda: c.to(N),
+            "step-sliced result": lambda: rand(4, 6)[:, ::2].exp()}[layout]
+
+    def program():
+        x = make()
+        x.add_(1)
+        x.mul_(2)
+        y = x * 1 + x  # (before a view of x flushes the region)
+        return x, y, x[0] * 1, x.sum(0), x.detach() + 0
+
+    both_modes(program)
+    plain = [r.stride() for r in program()]
+    with neuron_eager.adaptive_eager():
+        assert [r.stride() for r in program()] == plain  # known while still pending
+
+
+def test_maximum_out_into_a_transposed_state_tensor():
+    # the core of Adamax(foreach=False) on a transposed parameter (Note [In-place layouts])
+    def program():
+        torch.manual_seed(0)
+        e, m = torch.zeros(6, 4, device=N).t(), torch.zeros(6, 4, device=N).t()
+        for _ in range(3):
+            g = torch.randn(6, 4).t().to(N)
+            m.lerp_(g, 0.1)
+            torch.maximum(e.mul_(0.9), g.abs().add_(1e-8), out=e)
+        return e, m
+
+    both_modes(program)
+
+
 def test_in_place_and_views_on_pending_tensors():
     x = rand(4, 6)
 

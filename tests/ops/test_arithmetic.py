@@ -392,3 +392,14 @@ def test_hbm_bytes_moved_count_each_tensor_read_and_the_write():
         before = core.hbm_bytes_moved
         op()
         assert core.hbm_bytes_moved - before == moved
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_integer_powers_wrap_as_the_cpus(dtype):
+    # past the type's range the CPU's integer pow wraps, as x * x does (no float detour)
+    x = torch.tensor([2 ** 20, 46341, 3, -7, 0, 1], dtype=torch.int64).to(dtype)
+    for exponent in (0, 1, 2, 3, 13, 31):
+        check_op(lambda t: t ** exponent, x)
+    check_op(torch.pow, x, torch.tensor([2, 3, 5, 7, 0, 40], dtype=dtype))
+    check_op(lambda t: 3 ** t, torch.tensor([0, 5, 19, 20, 40], dtype=dtype))
+    check_op(lambda t: t.pow_(3), x.clone())
