@@ -17,6 +17,7 @@ from neuron_eager.ops.copy import fill
 from neuron_eager.ops.indexing import as_long, check_bounds, contiguous, finish
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
+from neuron_eager.ops.unsupported import refuse_sparse_gradient
 
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
@@ -146,6 +147,8 @@ def _embedding_bag_impl(weight, indices, offsets, mode=0, per_sample_weights=Non
 @register(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                    per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    if sparse:
+        refuse_sparse_gradient(weight, "EmbeddingBag")
     return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
                                include_last_offset, padding_idx)
 

@@ -23,6 +23,7 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
+from neuron_eager.ops.unsupported import refuse_sparse_gradient
 from neuron_eager.ops.views import meta_like
 
 aten = torch.ops.aten
@@ -374,6 +375,8 @@ def index_select(x, dim, index):
 
 @register(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if sparse:
+        refuse_sparse_gradient(weight, "Embedding")
     if weight.dim() != 2:
         raise RuntimeError("'weight' must be 2-D")
     if indices.dtype not in (torch.int64, torch.int32):

@@ -57,7 +57,26 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *,
     aten._foreach_addcdiv_.ScalarList(params, exp_avgs, denom, step_sizes)
 
 
+def _in_fp32(step):
+    """Run a fused step on 16-bit tensors as the CPU's fused kernels do: every intermediate
+    in fp32, each stored tensor rounded once at the end (rounding each foreach stage to fp16
+    underflowed Adam's second moment: -inf updates where the CPU's are finite)."""
+    def run(*lists, **hyper):
+        if not lists[0] or lists[0][0].dtype not in (torch.bfloat16, torch.float16):
+            return step(*lists, **hyper)
+        wide = [[aten._to_copy.default(t, dtype=torch.float32) for t in ts]
+                if ts and ts[0].dtype in (torch.bfloat16, torch.float16) else ts
+                for ts in lists]
+        step(*wide, **hyper)
+        for narrow, ts in zip(lists, wide):
+            if ts is not narrow:
+                aten._foreach_copy_.default(narrow, ts)
+
+    return run
+
+
 def _adam_step(decoupled: bool):
+    @_in_fp32
     def step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, **hyper):
         _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
               decoupled=decoupled, **hyper)
@@ -90,6 +109,7 @@ def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay, momentum, l
 
 
 @register(aten._fused_adagrad_.default)
+@_in_fp32
 def fused_adagrad_(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps,
                    maximize, grad_scale=None, found_inf=None):
     if not params or _skipped(found_inf):

@@ -19,6 +19,17 @@ NESTED = ("nested tensors are not supported on neuron. Keep nested tensors on th
           "them into a dense tensor (torch.nested.to_padded_tensor) before moving them.")
 
 
+def refuse_sparse_gradient(weight, what: str) -> None:
+    """Embedding(sparse=True) and EmbeddingBag(sparse=True) refused where they are called:
+    their backward would make a sparse gradient inside autograd's engine, where a refusal
+    aborts the process instead of raising."""
+    if weight.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(f"{what}(sparse=True): sparse gradients are not supported "
+                                  f"on neuron (only dense tensors live on the device). Use "
+                                  f"sparse=False: the gradient is then a dense tensor of the "
+                                  f"weight's shape.")
+
+
 def _refuse(message):
     def refuse(*args, **kwargs):
         raise NotImplementedError(message)

@@ -213,6 +213,14 @@ def test_unsupported_layouts_and_dtypes_are_refused_clearly():
         torch.eye(3).to_sparse().to("neuron")
     with pytest.raises(NotImplementedError, match="sparse tensors are not supported on neuron"):
         torch.eye(3).to_sparse_csr().to("neuron")
+    # sparse gradients: refused at the lookup (in backward, autograd's engine aborted)
+    idx = torch.tensor([1, 2], device="neuron")
+    with pytest.raises(NotImplementedError, match=r"Embedding\(sparse=True\).*sparse=False"):
+        torch.nn.Embedding(10, 4, sparse=True).to("neuron")(idx)
+    with pytest.raises(NotImplementedError, match=r"EmbeddingBag\(sparse=True\)"):
+        torch.nn.EmbeddingBag(10, 4, sparse=True).to("neuron")(idx.view(1, 2))
+    with torch.no_grad():  # no gradient, nothing sparse: it runs
+        assert torch.nn.Embedding(10, 4, sparse=True).to("neuron")(idx).shape == (2, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])

@@ -52,3 +52,23 @@ def test_fused_optimizers_match_the_cpu(case, scaler):
     assert neuron_eager.get_fallback_ops() == {}
     for p, q in zip(ours, _train("cpu", cls, kwargs, scaler)):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_fused_steps_on_16_bit_parameters_keep_fp32_intermediates(cls, dtype):
+    # as the CPU's fused kernels: rounding each stage to fp16 underflowed the second
+    # moment (tiny gradients gave -inf updates)
+    results = []
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        p = torch.randn(512).to(dtype).to(device).requires_grad_()
+        opt = cls([p], lr=0.01, fused=True, amsgrad=True)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            p.grad = (torch.randn(512, generator=g) * 1e-3).to(dtype).to(device)
+            opt.step()
+        results.append(p.detach().cpu())
+    assert torch.isfinite(results[1]).all()
+    ulp = torch.finfo(dtype).eps * results[0].abs().float().clamp_min(1)
+    assert ((results[1].float() - results[0].float()).abs() <= ulp).all()
