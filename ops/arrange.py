@@ -20,6 +20,7 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
+from neuron_eager.ops.sourceline import warn_at_user_line
 from neuron_eager.ops.indexing import meta_call
 
 aten = torch.ops.aten
@@ -231,14 +232,43 @@ def _logspace_into(out, start, end, steps, base):
     return out
 
 
+# out= forms (torch.fft.fftfreq writes aranges into slices of its result): computed in the
+# out tensor's dtype, resized silently as the CPU resizes (arange warns when a non-empty
+# out changes size), then copied in
 @register(aten.logspace.out)
 def logspace_out(start, end, steps, base=10.0, *, out):
-    from neuron_eager.ops.router import write_result
-
     meta = torch.logspace(start, end, steps, base, dtype=out.dtype, device="meta")
-    result = _logspace_into(T.empty(meta.shape, out.dtype), start, end, steps, base)
-    write_result(out, result)
-    return out
+    return _into(out, _logspace_into(T.empty(meta.shape, out.dtype), start, end, steps, base))
+
+
+@register(aten.linspace.out)
+def linspace_out(start, end, steps, *, out):
+    from neuron_eager.ops.factories import linspace
+
+    return _into(out, linspace(start, end, steps, dtype=out.dtype))
+
+
+@register(aten.arange.out, aten.arange.start_out)
+def arange_out(*args, out):
+    from neuron_eager.ops.factories import arange_start_step
+
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+    result = arange_start_step(start, end, step, dtype=out.dtype)
+    if out.numel() not in (0, result.numel()):
+        warn_at_user_line(f"The number of elements in the out tensor of shape {list(out.shape)} "
+                          f"is {out.numel()} which does not match the computed number of "
+                          f"elements {result.numel()}. Note that this may occur as a result of "
+                          f"rounding error. The out tensor will be resized to a tensor of shape "
+                          f"({result.numel()},).")
+    return _into(out, result)
+
+
+def _into(out, result):
+    from neuron_eager.ops.views import resize_
+
+    if tuple(out.shape) != tuple(result.shape):
+        resize_(out, result.shape)
+    return aten.copy_.default(out, result)
 
 
 def _bound(t, which, name):

@@ -117,6 +117,9 @@ def _arange(op):
     return arange
 
 
+arange_start_step = _arange(aten.arange.start_step)
+
+
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
     meta = _meta(aten.linspace.default, (start, end, steps), dict(dtype=dtype, layout=layout))
     out = _empty_for(meta)
@@ -234,7 +237,7 @@ def _on_device_zero(factory):
 for _name, _fn in [
     ("empty.memory_format", empty_memory_format), ("empty_strided", empty_strided),
     ("arange", _arange(aten.arange.default)), ("arange.start", _arange(aten.arange.start)),
-    ("arange.start_step", _arange(aten.arange.start_step)), ("linspace", linspace),
+    ("arange.start_step", arange_start_step), ("linspace", linspace),
     ("eye", eye), ("eye.m", eye), ("full", full), ("zeros", zeros), ("ones", ones),
     ("scalar_tensor", scalar_tensor), ("_efficientzerotensor", efficient_zero_tensor),
     ("tril_indices", _tri_indices(aten.tril_indices.default, True)),

@@ -1,4 +1,6 @@
 """Indexing family (ops/indexing.py, advanced_indexing.py, masking.py, arrange.py) vs the CPU."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -408,6 +410,31 @@ def test_linspace_logspace_tensor_bounds(dtype):
     check_op(lambda s: torch.logspace(-1.5, 2.7, 7, dtype=dtype, device=s.device), start)
     check_op(lambda s: torch.logspace(2, 2.7, 1, dtype=dtype, device=s.device), start)
     check_error(lambda s: torch.logspace(s, 3, 4, device=s.device), torch.ones(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
+def test_arange_linspace_logspace_into_out_tensors(dtype):
+    # resized as the CPU resizes them, or written into a slice (torch.fft.fftfreq's way)
+    calls = [lambda o: torch.arange(5, out=o), lambda o: torch.arange(1, 9, 3, out=o),
+             lambda o: torch.linspace(-2, 3, 6, out=o), lambda o: torch.logspace(0, 2, 3, out=o)]
+    for call in calls:
+        for size in (0, 3, 8):
+            with warnings.catch_warnings(record=True) as theirs:
+                warnings.simplefilter("always")
+                want = torch.zeros(size, dtype=dtype)
+                call(want)
+            with warnings.catch_warnings(record=True) as ours:
+                warnings.simplefilter("always")
+                got = torch.zeros(size, dtype=dtype, device="neuron")
+                call(got)
+            torch.testing.assert_close(got.cpu(), want)
+            assert [str(w.message)[:40] for w in ours if "out tensor" in str(w.message)] == \
+                [str(w.message)[:40] for w in theirs if "out tensor" in str(w.message)]
+    check_op(lambda o: (torch.arange(2, out=o[2:4]), o)[1], torch.zeros(8, dtype=dtype))
+    for n, d in ((6, 1.0), (7, 0.3)):
+        check_op(lambda t: torch.fft.fftfreq(n, d, device=t.device) + t, torch.zeros(n))
+        check_op(lambda t: torch.fft.rfftfreq(n, d, device=t.device) + t,
+                 torch.zeros(n // 2 + 1))
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0])
