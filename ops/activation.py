@@ -457,21 +457,23 @@ def glu_backward(grad_output, x, dim):
 
 # -- fusible forms (Note [Fusible ops]): each repeats its kernel's checks and E.run arguments --
 @E.fusible(aten.relu.default)
+@E.fusible_inplace(aten.relu_.default)  # nn.ReLU(inplace=True)
 def _relu_plan(x):
     _refuse_bool(x, "relu")
     return THRESHOLD, [x], [0, 0]
 
 
 @E.fusible(aten.hardtanh.default)
+@E.fusible_inplace(aten.hardtanh_.default)  # nn.ReLU6(inplace=True), nn.Hardtanh(inplace=True)
 def _hardtanh_plan(x, min_val=-1, max_val=1):
     _refuse_bool(x, "hardtanh")
     return HARDTANH, [x], [min_val, max_val]
 
 
 E.fusible(aten.threshold.default)(lambda x, threshold, value: (THRESHOLD, [x], [threshold, value]))
-E.fusible(aten.silu.default)(lambda x: (SILU, [x], ()))
-E.fusible(aten.leaky_relu.default)(
-    lambda x, negative_slope=0.01: (LEAKY_RELU, [x], [negative_slope]))
+E.fusible(aten.silu.default)(E.fusible_inplace(aten.silu_.default)(lambda x: (SILU, [x], ())))
+E.fusible(aten.leaky_relu.default)(E.fusible_inplace(aten.leaky_relu_.default)(
+    lambda x, negative_slope=0.01: (LEAKY_RELU, [x], [negative_slope])))
 E.fusible(aten.elu.default)(
     lambda x, alpha=1, scale=1, input_scale=1: (ELU, [x], [alpha, scale, input_scale]))
 E.fusible(aten.gelu.default)(

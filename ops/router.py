@@ -380,11 +380,6 @@ def cpu_fallback(func, args, kwargs):
             f"Operator '{name}' has no neuron kernel and CPU fallback is off "
             f"(NEURON_EAGER_CPU_FALLBACK=0). Arguments: {_describe(args, kwargs)}")
     check_devices(args)
-    if name not in _warned:
-        _warned.add(name)
-        warn_at_user_line(f"Operator '{name}' fell back to CPU")
-    fallback_ops[name] += 1
-
     inputs: list[tuple[torch.Tensor, NeuronTensor]] = []
 
     def down(x):
@@ -402,6 +397,11 @@ def cpu_fallback(func, args, kwargs):
         cpu_kwargs["device"] = torch.device("cpu")
     with torch._C._DisableTorchDispatch():
         out = func(*cpu_args, **cpu_kwargs)
+    # (after the run: a call the CPU refuses too raises its error, and nothing fell back)
+    if name not in _warned:
+        _warned.add(name)
+        warn_at_user_line(f"Operator '{name}' fell back to CPU")
+    fallback_ops[name] += 1
 
     def up(o):
         if not isinstance(o, torch.Tensor) or isinstance(o, NeuronTensor):

@@ -62,6 +62,21 @@ def test_a_cpu_only_custom_op_falls_back_warned_and_counted():
     assert any("fell back to CPU" in str(w.message) for w in caught)
 
 
+@torch.library.custom_op("neuron_eager_tests::positive_only", mutates_args=(),
+                         device_types="cpu")
+def positive_only(x: torch.Tensor) -> torch.Tensor:
+    if (x < 0).any():
+        raise RuntimeError("positive_only: negative input")
+    return x.sqrt()
+
+
+def test_a_fallback_the_cpu_refuses_raises_its_error_and_counts_nothing():
+    neuron_eager.clear_op_tracking()
+    with pytest.raises(RuntimeError, match="negative input"):
+        positive_only(-torch.ones(2, device=NEURON))
+    assert neuron_eager.get_fallback_ops() == {}
+
+
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_chunked_linear_cross_entropy_runs_natively(reduction, seed):
     # torch 2.13's chunked path is a torch_nn:: custom op

@@ -147,6 +147,26 @@ def test_new_scalar_values_reuse_the_kernel():
 
 
 # -- fusion happens -----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_place_activations_fuse(dtype):
+    # nn.ReLU/ReLU6/SiLU/LeakyReLU(inplace=True) in CNNs: recorded, not region boundaries
+    x = rand(64, 33, dtype=dtype)
+
+    def program():
+        a = F.relu6(x * 2 + 1, inplace=True) * 3
+        b = F.relu(x - 0.5, inplace=True) + a
+        c = F.silu(b * 1.5, inplace=True) - 1
+        return F.leaky_relu(c * 0.7, 0.2, inplace=True) * 2
+
+    both_modes(program)
+    adaptive.enable()
+    for _ in range(2):
+        program()
+    before = core.kernels_launched
+    program().cpu()
+    assert core.kernels_launched - before - 1 == 1  # one fused kernel (minus the host copy)
+
+
 def test_repeated_chain_fuses_into_one_kernel():
     x, b = rand(1000), rand(1000, seed=1)
 
