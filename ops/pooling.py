@@ -405,16 +405,9 @@ def _avg_params(x, out_meta, k, kernel_size, stride, padding, count_include_pad)
     return [_UNIT] * (3 - k) + windows
 
 
-def _cpu_dtypes(k, x, frame):
-    """The CPU has no 16-bit 3-D average pooling; raise its error."""
-    if k == 3 and x.dtype in (torch.bfloat16, torch.float16):
-        raise NotImplementedError(f'"{frame}" not implemented for \'{T.dtype_name(x.dtype)}\'')
-
-
 def _avg_pool(op, k, args):
     x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override = args
     meta = meta_check(op, args)
-    _cpu_dtypes(k, x, "avg_pool3d_out_frame")
     if not _native(x, k):
         return _fallback(op, args)
     windows = _avg_params(x, meta, k, kernel_size, stride, padding, count_include_pad)
@@ -440,7 +433,6 @@ def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
 def _avg_pool_backward(op, k, args):
     grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override = args
     meta_check(op, args)
-    _cpu_dtypes(k, x, "avg_pool3d_backward_out_frame")
     if not _native(x, k, grad, floating=True):
         return _fallback(op, args)
     windows = _avg_params(x, grad, k, kernel_size, stride, padding, count_include_pad)
