@@ -269,3 +269,11 @@ def test_launches_run_on_vector_engine(seed):
     x.var(1)
     assert core.launches_by_engine["vector"] == 3
     assert core.elements_by_engine["vector"] == 3 * x.numel()
+
+
+def test_var_with_no_degrees_of_freedom_warns_as_the_cpu():
+    for fn in (lambda t: t.var(), lambda t: t.std(), lambda t: t.var(correction=3)):
+        for device in ("cpu", "neuron"):
+            with pytest.warns(UserWarning, match=r"degrees of freedom is <= 0"):
+                result = fn(torch.ones(1, device=device))
+            assert torch.isnan(result.cpu()) or torch.isinf(result.cpu())
