@@ -209,6 +209,11 @@ def keeps_channels_last(*positions):
     return decorate
 
 
+def channels_last_like(source, result):
+    """`result` laid out channels-last if `source` is (Note [Channels-last results])."""
+    return _as_channels_last(result) if _channels_last(source) else result
+
+
 def _channels_last(t) -> bool:
     if not isinstance(t, torch.Tensor) or t.dim() not in (4, 5) or t.is_contiguous():
         return False

@@ -493,3 +493,13 @@ def adaptive_avg_pool2d_backward(grad, x):
 @register(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(grad, x):
     return _adaptive_avg_backward(aten._adaptive_avg_pool3d_backward.default, 3, grad, x)
+
+
+# max_unpool2d runs PyTorch's decomposition (a scatter into zeros); the CPU keeps a
+# channels-last input's layout (its 3-D form does not)
+@register(aten.max_unpool2d.default)
+@keeps_channels_last(0)
+def max_unpool2d(x, indices, output_size):
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[aten.max_unpool2d.default](x, indices, output_size)

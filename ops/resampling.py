@@ -18,6 +18,7 @@ import torch
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.matmul import meta_check, narrow_into, result_buffer, widen
 from neuron_eager.ops.registry import register
@@ -298,7 +299,7 @@ def _register_aa(op, cubic):
                   for a, s in enumerate((scales_h, scales_w))]
         return resample(x, meta.shape, 2, tables)
 
-    register(op)(kernel)
+    register(op)(keeps_channels_last(0)(kernel))
 
 
 _register_aa(aten._upsample_bilinear2d_aa.default, False)

@@ -324,11 +324,13 @@ def diag_embed(x, offset=0, dim1=-2, dim2=-1):
 
 
 def _shuffle(x, shape, order, final):
-    """Reshape, permute, and copy into the final shape: pixel/channel shuffles are data moves."""
-    from neuron_eager.ops.copy import clone
+    """Reshape, permute, and copy into the final shape: pixel/channel shuffles are data moves
+    (a channels-last input gives a channels-last result, as on the CPU)."""
+    from neuron_eager.ops.copy import channels_last_like, clone
 
     moved = make_view(aten.permute.default)(aten.reshape.default(x, shape), order)
-    return aten.view.default(clone(moved, memory_format=torch.contiguous_format), final)
+    result = aten.view.default(clone(moved, memory_format=torch.contiguous_format), final)
+    return channels_last_like(x, result)
 
 
 @register(aten.pixel_shuffle.default)

@@ -69,6 +69,11 @@ def test_conv2d_channels_last_and_module(seed):
         memory_format=torch.channels_last_3d), w[:, :, None]),
     lambda x, w: F.max_pool3d(x[:, :, None].expand(-1, -1, 2, -1, -1).contiguous(
         memory_format=torch.channels_last_3d), 2),
+    lambda x, w: F.pixel_shuffle(x, 2), lambda x, w: F.pixel_unshuffle(x, 2),
+    lambda x, w: F.channel_shuffle(x, 2),
+    lambda x, w: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
+    lambda x, w: F.interpolate(x, size=(5, 7), mode="bilinear", antialias=True),
+    lambda x, w: F.interpolate(x, size=(5, 7), mode="bicubic", antialias=True),
 ])
 def test_channels_last_inputs_give_the_cpus_result_layout(op, seed):
     # Note [Channels-last results] in ops/copy.py: same values and strides as the CPU
