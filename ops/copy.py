@@ -225,9 +225,12 @@ def _as_channels_last(t):
     if not isinstance(t, NeuronTensor) or t.dim() not in (4, 5) or t.numel() == 0:
         return t
     fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+    strides = _memory_format_strides(t.shape, fmt)
     if t.is_contiguous(memory_format=fmt):
-        return t
-    out = T.empty(t.shape, t.dtype, _memory_format_strides(t.shape, fmt))
+        # the same memory order; size-1 dims take the format's strides, as the CPU gives them
+        return t if t.stride() == strides else \
+            T.make(t._storage, t.shape, strides, t.storage_offset(), t.dtype)
+    out = T.empty(t.shape, t.dtype, strides)
     np.copyto(out._nd, t._nd)
     return out
 
