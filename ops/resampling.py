@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 import torch
+from torch._decomp import decomposition_table
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
@@ -22,6 +23,7 @@ from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.matmul import meta_check, narrow_into, result_buffer, widen
 from neuron_eager.ops.registry import register
+from neuron_eager.ops.resample_uint8 import resize_uint8
 
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
@@ -293,6 +295,9 @@ def _register_aa(op, cubic):
         if x.dtype in (torch.bfloat16, torch.float16):  # as the CPU: no 16-bit weights
             raise NotImplementedError(f'"compute_index_ranges_weights" not implemented for '
                                       f'\'{T.dtype_name(x.dtype)}\'')
+        if isinstance(x, NeuronTensor) and x.dtype == torch.uint8 and x.dim() == 4:
+            return resize_uint8(x, meta.shape[2:], align_corners, (scales_h, scales_w),
+                                True, cubic)
         if not isinstance(x, NeuronTensor) or not x.dtype.is_floating_point or x.dim() != 4:
             return _fallback(op, args)
         tables = [aa_taps(x.shape[2 + a], output_size[a], align_corners, s, cubic)
@@ -304,6 +309,24 @@ def _register_aa(op, cubic):
 
 _register_aa(aten._upsample_bilinear2d_aa.default, False)
 _register_aa(aten._upsample_bicubic2d_aa.default, True)
+
+
+def _register_uint8(op, cubic):
+    """uint8 images take the CPU's fixed-point path (Note [uint8 resampling]); other dtypes
+    the decomposition, as before."""
+    def kernel(x, output_size, align_corners, scales_h=None, scales_w=None):
+        args = (x, output_size, align_corners, scales_h, scales_w)
+        if isinstance(x, NeuronTensor) and x.dtype == torch.uint8 and x.dim() == 4:
+            meta = meta_check(op, args)
+            return resize_uint8(x, meta.shape[2:], align_corners, (scales_h, scales_w),
+                                False, cubic)
+        return decomposition_table[op](*args)
+
+    register(op)(kernel)
+
+
+_register_uint8(aten.upsample_bilinear2d.default, False)
+_register_uint8(aten.upsample_bicubic2d.default, True)
 
 
 def _register_pad(op, k):

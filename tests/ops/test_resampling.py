@@ -103,3 +103,31 @@ def test_grid_sample_3d(mode, seed):
                                              align_corners=align)
             check_op(fn, x, grid, grad=True, rtol=1e-4, atol=1e-4)
             check_op(fn, x.detach().bfloat16(), grid.detach().bfloat16(), rtol=0, atol=0)
+
+
+# uint8 images: the CPU's fixed-point passes (Note [uint8 resampling]), bit for bit
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [False, True])
+@pytest.mark.parametrize("channels,channels_last", [(1, False), (3, True), (4, True), (5, False)])
+def test_uint8_resize_matches_cpu(mode, antialias, channels, channels_last):
+    g = torch.Generator().manual_seed(channels)
+    x = torch.randint(0, 256, (2, channels, 17, 23), dtype=torch.uint8, generator=g)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    for kwargs in (dict(size=(30, 11)), dict(size=(9, 40), align_corners=True),
+                   dict(size=(17, 5)), dict(scale_factor=0.3), dict(size=(64, 64))):
+        expected = F.interpolate(x, mode=mode, antialias=antialias, **kwargs)
+        got = F.interpolate(x.to("neuron"), mode=mode, antialias=antialias, **kwargs)
+        assert got.stride() == expected.stride()
+        assert torch.equal(got.cpu(), expected), kwargs
+
+
+def test_uint8_resize_of_a_view_and_large_downscale():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (1, 3, 200, 150), dtype=torch.uint8, generator=g)
+    view = x[:, :, 10:190:2, 5:]  # strided rows
+    for antialias in (False, True):
+        expected = F.interpolate(view, size=(7, 9), mode="bilinear", antialias=antialias)
+        got = F.interpolate(x.to("neuron")[:, :, 10:190:2, 5:], size=(7, 9), mode="bilinear",
+                            antialias=antialias)
+        assert torch.equal(got.cpu(), expected)
