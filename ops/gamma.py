@@ -16,11 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from neuron_eager.device_sim import core
-from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.random import default_generator, philox_stream, uniform01, uniform01_open
+from neuron_eager.ops.random import PerElementSampler, philox_stream, uniform01, uniform01_open
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sampling import check_generator, normal01
 
@@ -69,7 +67,7 @@ def _make_kernel(load, store):
     return kernel
 
 
-_kernels: dict = {}
+_sampler = PerElementSampler(_make_kernel)
 
 
 @register(aten._standard_gamma.default)
@@ -78,18 +76,10 @@ def standard_gamma(alpha, generator=None):
     if alpha.dtype not in (torch.float32, torch.float64):  # as the CPU's kernel
         raise NotImplementedError(f"\"gamma_cpu\" not implemented for "
                                   f"'{T.dtype_name(alpha.dtype)}'")
-    out = T.empty(alpha.shape, alpha.dtype)
-    n = out.numel()
-    if n:
-        code = numerics.CODE[alpha.dtype]
-        kernel = _kernels.get(code)
-        if kernel is None:
-            kernel = _kernels[code] = _make_kernel(numerics.loader(code, "f32"),
-                                                   numerics.storer(code))
-        key, counter = default_generator.take(n)
-        kernel(out._nd.reshape(-1), alpha.contiguous()._nd.reshape(-1), key, counter)
-        core.launch("gpsimd", n, alpha._nd.nbytes + out._nd.nbytes)
-    return out
+    if alpha.numel() == 0:
+        return T.empty(alpha.shape, alpha.dtype)
+    return _sampler.draw(_sampler.kernels(alpha.dtype), alpha,
+                         alpha.contiguous()._nd.reshape(-1))
 
 
 @register(aten._sample_dirichlet.default)

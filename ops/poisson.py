@@ -22,11 +22,9 @@ import math
 import numpy as np
 import torch
 
-from neuron_eager.device_sim import core
-from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.random import default_generator, philox_stream, uniform01
+from neuron_eager.ops.random import PerElementSampler, philox_stream, uniform01
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sampling import check_generator
 
@@ -92,7 +90,7 @@ def _make_kernels(load, store):
     return valid, kernel
 
 
-_kernels: dict = {}
+_sampler = PerElementSampler(_make_kernels)
 
 
 @register(aten.poisson.default)
@@ -101,19 +99,10 @@ def poisson(rates, generator=None):
     if not rates.dtype.is_floating_point:  # as the CPU's kernel
         raise NotImplementedError(f"\"poisson_cpu\" not implemented for "
                                   f"'{T.dtype_name(rates.dtype)}'")
-    out = T.empty(rates.shape, rates.dtype)
-    n = out.numel()
-    if n:
-        code = numerics.CODE[rates.dtype]
-        kernels = _kernels.get(code)
-        if kernels is None:
-            kernels = _kernels[code] = _make_kernels(numerics.loader(code, "f32"),
-                                                     numerics.storer(code))
-        valid, kernel = kernels
-        flat = rates.contiguous()._nd.reshape(-1)
-        if not valid(flat):
-            raise RuntimeError("invalid Poisson rate, expected rate to be non-negative")
-        key, counter = default_generator.take(n)
-        kernel(out._nd.reshape(-1), flat, key, counter)
-        core.launch("gpsimd", n, rates._nd.nbytes + out._nd.nbytes)
-    return out
+    if rates.numel() == 0:
+        return T.empty(rates.shape, rates.dtype)
+    valid, kernel = _sampler.kernels(rates.dtype)
+    flat = rates.contiguous()._nd.reshape(-1)
+    if not valid(flat):
+        raise RuntimeError("invalid Poisson rate, expected rate to be non-negative")
+    return _sampler.draw(kernel, rates, flat)

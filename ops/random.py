@@ -107,3 +107,31 @@ class Generator:
 
 
 default_generator = Generator(rounding_noise=True)
+
+
+class PerElementSampler:
+    """A kernel drawing one value per element of a floating input (a rate, a shape), made
+    per dtype from `make(load, store)` (numerics' loader to fp32 and storer), whose
+    `kernel(out, src, key, counter)` gives element i counter + i. `make` may return more
+    kernels in a tuple (a validity check first, say)."""
+
+    def __init__(self, make):
+        self._make, self._made = make, {}
+
+    def kernels(self, dtype: torch.dtype):
+        code = numerics.CODE[dtype]
+        made = self._made.get(code)
+        if made is None:
+            made = self._made[code] = self._make(numerics.loader(code, "f32"),
+                                                 numerics.storer(code))
+        return made
+
+    def draw(self, kernel, src: "T.NeuronTensor", flat: np.ndarray) -> "T.NeuronTensor":
+        """A new tensor like `src` from `kernel` over its contiguous values `flat`, on the
+        GpSimd engine, with counters reserved from the device generator."""
+        out = T.empty(src.shape, src.dtype)
+        n = out.numel()
+        key, counter = default_generator.take(n)
+        kernel(out._nd.reshape(-1), flat, key, counter)
+        core.launch("gpsimd", n, src._nd.nbytes + out._nd.nbytes)
+        return out
