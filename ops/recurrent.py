@@ -7,11 +7,31 @@ and cat kernels, with the workspace layouts CUDA uses (so autograd's formulas ap
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from neuron_eager.device_sim import core
+from neuron_eager.ops import rnn_kernels
+from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
+_NO_BIAS = np.zeros(1, np.float32)
+_NO_GRAD = np.zeros((1, 1), np.float32)
+
+
+def _fp32(*tensors) -> bool:
+    """Whether a cell takes the one-launch fp32 path (Note [Fused RNN cells])."""
+    return all(t is None or (type(t) is T.NeuronTensor and t.dtype == torch.float32)
+               for t in tensors) and tensors[0].dim() == 2
+
+
+def _arrays(*tensors, missing=_NO_BIAS):
+    return [missing if t is None else t.contiguous()._nd for t in tensors]
+
+
+def _launch(*tensors) -> None:
+    core.launch("vector", tensors[0].numel(), sum(t._nd.nbytes for t in tensors))
 
 
 def _with_bias(gates, bias):
@@ -20,6 +40,15 @@ def _with_bias(gates, bias):
 
 @register(aten._thnn_fused_lstm_cell.default)
 def fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    if _fp32(input_gates, hidden_gates, cx, input_bias, hidden_bias) and \
+            (input_bias is None) == (hidden_bias is None):
+        hy, cy = T.empty(cx.shape, cx.dtype), T.empty(cx.shape, cx.dtype)
+        workspace = T.empty(input_gates.shape, cx.dtype)
+        rnn_kernels.lstm_forward(hy._nd, cy._nd, workspace._nd,
+                                 *_arrays(input_gates, hidden_gates, input_bias, hidden_bias, cx),
+                                 input_bias is not None)
+        _launch(workspace, input_gates, hidden_gates, cx, hy, cy)
+        return hy, cy, workspace
     gates = aten.add.Tensor(_with_bias(input_gates, input_bias),
                             _with_bias(hidden_gates, hidden_bias))
     i, f, g, o = aten.chunk.default(gates, 4, 1)
@@ -37,6 +66,16 @@ def _sigmoid_grad(s):
 
 @register(aten._thnn_fused_lstm_cell_backward_impl.default)
 def fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    if _fp32(cx, cy, workspace, grad_hy, grad_cy):
+        grad_gates = T.empty(workspace.shape, cx.dtype)
+        grad_cx = T.empty(cx.shape, cx.dtype)
+        hy_, cy_ = _arrays(grad_hy, grad_cy, missing=_NO_GRAD)
+        rnn_kernels.lstm_backward(grad_gates._nd, grad_cx._nd, hy_, cy_,
+                                  *_arrays(cx, cy, workspace), grad_hy is not None,
+                                  grad_cy is not None)
+        _launch(grad_gates, workspace, cx, cy, grad_cx)
+        grad_bias = aten.sum.dim_IntList(grad_gates, [0]) if has_bias else None
+        return grad_gates, grad_cx, grad_bias
     i, f, g, o = aten.chunk.default(workspace, 4, 1)
     tanh_cy = aten.tanh.default(cy)
     grad_c = aten.zeros_like.default(cy) if grad_cy is None else grad_cy
@@ -57,6 +96,15 @@ def fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
 
 @register(aten._thnn_fused_gru_cell.default)
 def fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    if _fp32(input_gates, hidden_gates, hx, input_bias, hidden_bias) and \
+            (input_bias is None) == (hidden_bias is None):
+        hy = T.empty(hx.shape, hx.dtype)
+        workspace = T.empty((hx.shape[0], 5 * hx.shape[1]), hx.dtype)
+        rnn_kernels.gru_forward(hy._nd, workspace._nd,
+                                *_arrays(input_gates, hidden_gates, input_bias, hidden_bias, hx),
+                                input_bias is not None)
+        _launch(workspace, input_gates, hidden_gates, hx, hy)
+        return hy, workspace
     ir, ii, in_ = aten.chunk.default(_with_bias(input_gates, input_bias), 3, 1)
     hr, hi, hn = aten.chunk.default(_with_bias(hidden_gates, hidden_bias), 3, 1)
     r = aten.sigmoid.default(aten.add.Tensor(ir, hr))
@@ -69,6 +117,17 @@ def fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=N
 
 @register(aten._thnn_fused_gru_cell_backward.default)
 def fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    if _fp32(grad_hy, workspace):
+        B, H = grad_hy.shape
+        grad_in, grad_hidden = T.empty((B, 3 * H), grad_hy.dtype), T.empty((B, 3 * H), grad_hy.dtype)
+        grad_hx = T.empty((B, H), grad_hy.dtype)
+        rnn_kernels.gru_backward(grad_in._nd, grad_hidden._nd, grad_hx._nd,
+                                 *_arrays(grad_hy, workspace))
+        _launch(grad_in, grad_hidden, grad_hx, grad_hy, workspace)
+        if has_bias:
+            return (grad_in, grad_hidden, grad_hx, aten.sum.dim_IntList(grad_in, [0]),
+                    aten.sum.dim_IntList(grad_hidden, [0]))
+        return grad_in, grad_hidden, grad_hx, None, None
     r, z, n, hx, hn = aten.chunk.default(workspace, 5, 1)
     grad_hx = aten.mul.Tensor(grad_hy, z)
     grad_z = aten.mul.Tensor(aten.mul.Tensor(grad_hy, aten.sub.Tensor(hx, n)), _sigmoid_grad(z))

@@ -67,3 +67,67 @@ def test_packed_sequences_through_a_bidirectional_lstm(batch_first, seed):
     with pytest.raises(RuntimeError, match="must be sorted in decreasing order"):
         pack_padded_sequence(x.detach().to(NEURON), torch.tensor([2, 6, 4]),
                              batch_first=batch_first)
+
+
+def _sig_grad(s):
+    return s * (1 - s)
+
+
+# Note [Fused RNN cells]: the one-launch fp32 cells give the bits of the same ops run one
+# by one on the device
+@pytest.mark.parametrize("grads", ["both", "hy", "cy"])
+def test_fused_lstm_cell_is_the_elementwise_composition(grads):
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(1)
+    B, H = 5, 7
+    ig, hg = (torch.randn(B, 4 * H, generator=g).to(NEURON) for _ in range(2))
+    ib, hb = (torch.randn(4 * H, generator=g).to(NEURON) for _ in range(2))
+    cx = torch.randn(B, H, generator=g).to(NEURON)
+    hy, cy, ws = aten._thnn_fused_lstm_cell(ig, hg, cx, ib, hb)
+    i, f, c, o = ((ig + ib) + (hg + hb)).chunk(4, 1)
+    i, f, c, o = i.sigmoid(), f.sigmoid(), c.tanh(), o.sigmoid()
+    want_cy = f * cx + i * c
+    assert torch.equal(cy.cpu(), want_cy.cpu())
+    assert torch.equal(hy.cpu(), (o * want_cy.tanh()).cpu())
+    assert torch.equal(ws.cpu(), torch.cat([i, f, c, o], 1).cpu())
+    grad_hy = torch.randn(B, H, generator=g).to(NEURON) if grads != "cy" else None
+    grad_cy = torch.randn(B, H, generator=g).to(NEURON) if grads != "hy" else None
+    grad_gates, grad_cx, grad_bias = aten._thnn_fused_lstm_cell_backward_impl(
+        grad_hy, grad_cy, cx, cy, ws, True)
+    tanh_cy = cy.tanh()
+    gc = grad_cy if grad_cy is not None else torch.zeros_like(cy)
+    go = torch.zeros_like(o)
+    if grad_hy is not None:
+        gc = gc + (grad_hy * o) * (1 - tanh_cy * tanh_cy)
+        go = (grad_hy * tanh_cy) * _sig_grad(o)
+    want = torch.cat([(gc * c) * _sig_grad(i), (gc * cx) * _sig_grad(f),
+                      (gc * i) * (1 - c * c), go], 1)
+    assert torch.equal(grad_gates.cpu(), want.cpu())
+    assert torch.equal(grad_cx.cpu(), (gc * f).cpu())
+    assert torch.equal(grad_bias.cpu(), want.sum(0).cpu())
+
+
+def test_fused_gru_cell_is_the_elementwise_composition():
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(2)
+    B, H = 4, 6
+    ig, hg = (torch.randn(B, 3 * H, generator=g).to(NEURON) for _ in range(2))
+    ib, hb = (torch.randn(3 * H, generator=g).to(NEURON) for _ in range(2))
+    hx = torch.randn(B, H, generator=g).to(NEURON)
+    hy, ws = aten._thnn_fused_gru_cell(ig, hg, hx, ib, hb)
+    ir, ii, in_ = (ig + ib).chunk(3, 1)
+    hr, hi, hn = (hg + hb).chunk(3, 1)
+    r, z = (ir + hr).sigmoid(), (ii + hi).sigmoid()
+    n = (in_ + r * hn).tanh()
+    assert torch.equal(hy.cpu(), (n + z * (hx - n)).cpu())
+    assert torch.equal(ws.cpu(), torch.cat([r, z, n, hx, hn], 1).cpu())
+    grad_hy = torch.randn(B, H, generator=g).to(NEURON)
+    grad_in, grad_hidden, grad_hx, grad_ib, grad_hb = aten._thnn_fused_gru_cell_backward(
+        grad_hy, ws, True)
+    gn = (grad_hy * (1 - z)) * (1 - n * n)
+    gr = (gn * hn) * _sig_grad(r)
+    gz = (grad_hy * (hx - n)) * _sig_grad(z)
+    assert torch.equal(grad_in.cpu(), torch.cat([gr, gz, gn], 1).cpu())
+    assert torch.equal(grad_hidden.cpu(), torch.cat([gr, gz, gn * r], 1).cpu())
+    assert torch.equal(grad_hx.cpu(), (grad_hy * z).cpu())
+    assert torch.equal(grad_ib.cpu(), grad_in.sum(0).cpu())
