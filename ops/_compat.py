@@ -124,6 +124,17 @@ def ensure_foreach_support(cls) -> None:
             supported.append(cls)
 
 
+def ensure_fx_tracing(cls) -> None:
+    """Let make_fx (torch.func.linearize, functorch's compile) trace ops on `cls` tensors it
+    is not tracking, as it traces plain tensors: as graph constants. Its proxy mode declines
+    tensor types outside its list (they are taken for subclasses to unwrap first), so the op
+    ran untraced and its trace-time result became a constant of the graph."""
+    from torch.fx.experimental import proxy_tensor
+
+    if cls not in proxy_tensor.HANDLED_TYPES:
+        proxy_tensor.HANDLED_TYPES = (*proxy_tensor.HANDLED_TYPES, cls)
+
+
 def install_accelerator_memory(stats_fn, synchronize_fn) -> None:
     """Answer torch.accelerator's memory and synchronize calls for neuron.
 

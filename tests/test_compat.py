@@ -93,3 +93,9 @@ def test_numba_function_cache_keeps_machine_code_where_and_as_told(tmp_path):
     assert list(tmp_path.glob("*add_one*.nbi"))
     second = dispatcher()
     assert second(2) == 3 and sum(second.stats.cache_hits.values()) == 1
+
+
+def test_make_fx_traces_untracked_neuron_tensors_as_constants():
+    from torch.fx.experimental import proxy_tensor
+
+    assert neuron_eager.NeuronTensor in proxy_tensor.HANDLED_TYPES
