@@ -132,6 +132,8 @@ def masked_fill(x, mask, value):
         if value.dim() != 0 or type(value) is NeuronTensor:
             return None
         value = value.item()
+    else:
+        numerics.check_fits(value, x.dtype)
     dtype, compute = E.dtypes_for(masking._MASKED_FILL, [x, mask])
     return Planned(masking._MASKED_FILL, [x, mask], [value], dtype, compute, None,
                    lambda ops, params, to: masking.masked_fill(ops[0], ops[1], value))
@@ -144,6 +146,7 @@ def _clamp(x, lo, hi):
     dtype, _ = E.dtypes_for(arithmetic._CLAMP, [x] + [v for v in (lo, hi) if v is not None])
     if dtype != x.dtype:
         return None  # eager casts first
+    arithmetic.check_clamp_bounds(lo, hi, dtype)
     return Planned(arithmetic._CLAMP, [x], [0 if lo is None else lo, 0 if hi is None else hi,
                                              lo is not None, hi is not None],
                    runner=lambda ops, params, to: arithmetic._clamp_run(ops[0], lo, hi))

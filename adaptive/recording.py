@@ -181,6 +181,7 @@ def _record(plan, args, kwargs):
     if len(planned) > 3 and planned.dtype is not None:
         dtype, shape = planned.dtype, planned.shape
         compute = planned.compute or numerics.compute_type(dtype)
+        cast = numerics.scalar_cast(compute, dtype)
         if shape is None:
             shape = E.broadcast_shape([o.shape for o in operands if type(o) is NeuronTensor])
         if 0 in shape:
@@ -192,14 +193,14 @@ def _record(plan, args, kwargs):
             typed = _type(op, operands, sig)
         if typed is False:
             return None
-        dtype, compute, shape = typed
+        dtype, compute, shape, cast = typed
         runner = None
     # plain eager keeps the operands' dim order (Note [Output layout] in ops/elementwise.py)
     stride = None if type(op) is plans.Reduction or op.dense_result else \
         _result_strides(operands, shape)
     out = _make_wrapper(NeuronTensor, shape, dtype=dtype, device=T.DEVICE) if stride is None \
         else _make_wrapper(NeuronTensor, shape, strides=stride, dtype=dtype, device=T.DEVICE)
-    node = _add_node(region, op, refs, params, raw, dtype, compute, shape, out)
+    node = _add_node(region, op, refs, params, raw, dtype, compute, shape, out, cast=cast)
     node.runner, node.stride = runner, stride
     if len(region.nodes) >= options.max_ops:
         flush("buffer limit")
@@ -222,16 +223,17 @@ def _result_strides(operands, shape):
                                 if type(a) is NeuronTensor])
 
 
-# (op, operand signature from _refs) -> (dtype, compute type, shape), or False: run eagerly
+# (op, operand signature from _refs) -> (dtype, compute type, shape, scalar cast), or False:
+# run eagerly
 _typed: dict = {}
 
 
 def _type(op, operands, sig):
     """The result's dtype, compute type and (broadcast) shape, by PyTorch's rules; raises
     what the eager kernel raises."""
-    dtype, compute = E.dtypes_for(op, operands)
+    dtype, compute, cast = E.promotion(op, operands)
     shape = E.broadcast_shape([o.shape for o in operands if type(o) is NeuronTensor])
-    typed = _typed[(op, sig)] = (dtype, compute, shape) if 0 not in shape else False
+    typed = _typed[(op, sig)] = (dtype, compute, shape, cast) if 0 not in shape else False
     return typed
 
 
@@ -268,11 +270,12 @@ def _refs(region, operands):
 
 
 def _add_node(region, op, refs, params, raw, dtype, compute, shape, out, target=None,
-              inplace=False) -> Node:
+              inplace=False, cast=None) -> Node:
     """A new node of `region` computing `out`. Its key names scalars by position only
-    ("s", k): their values are kernel arguments, so a new learning rate is not a new kernel."""
+    ("s", k): their values are kernel arguments, so a new learning rate is not a new kernel.
+    `cast` converts them (numerics.scalar_cast; default: to the compute type)."""
     if raw or params:
-        cast = numerics.SCALAR_CAST[compute]
+        cast = cast or numerics.SCALAR_CAST[compute]
         scalars = [cast(v.item() if isinstance(v, torch.Tensor) else v) for v in raw]
         if params:
             scalars += [cast(p) for p in params]
@@ -370,7 +373,8 @@ def _record_inplace(plan, args, kwargs):
         region.inputs[target] = stand_in
         del region.input_index[id(a)]  # later reads of `a` name the node
         del storage
-    node = _add_node(region, op, refs, params, raw, dtype, compute, shape, a, target, True)
+    node = _add_node(region, op, refs, params, raw, dtype, compute, shape, a, target, True,
+                     numerics.scalar_cast(compute, dtype))
     node.stride = layout
     if len(region.nodes) >= options.max_ops:
         flush("buffer limit")

@@ -435,10 +435,17 @@ def _clamp_run(x, lo, hi, out=None):
     dtype, compute = E.dtypes_for(_CLAMP, operands)
     if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
         return _clamp_tensor(x, lo, hi, out)
+    check_clamp_bounds(lo, hi, dtype)
     if out is None and dtype != x.dtype:
         x = x.to(dtype)
     return E.run(_CLAMP, [x], [0 if lo is None else lo, 0 if hi is None else hi,
                                lo is not None, hi is not None], out=out)
+
+
+def check_clamp_bounds(lo, hi, dtype) -> None:
+    for bound in (lo, hi):
+        if bound is not None:
+            numerics.check_fits(bound, dtype)
 
 
 def _clamp_tensor(x, lo, hi, out):
@@ -514,7 +521,9 @@ def where(condition, x, y):
     arrays = [t for t in (condition, x, y) if isinstance(t, E.NeuronTensor)]
     shape = E.broadcast_shape([t.shape for t in arrays])
     out = E.T.empty(shape, dtype, E.output_strides(arrays, shape))
-    return E.launch(_WHERE, [condition, x, y], (), out, shape, numerics.compute_type(dtype))
+    compute = numerics.compute_type(dtype)
+    return E.launch(_WHERE, [condition, x, y], (), out, shape, compute,
+                    numerics.scalar_cast(compute, dtype))
 
 
 # -- classification of floats ------------------------------------------------------------

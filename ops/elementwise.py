@@ -116,7 +116,13 @@ def _result_type(keys) -> torch.dtype:
 
 
 def dtypes_for(op: Elementwise, operands) -> tuple[torch.dtype, str]:
-    """(result dtype, compute type) of `op` on `operands`, by PyTorch's promotion rules.
+    """(result dtype, compute type) of `op` on `operands`, by PyTorch's promotion rules."""
+    return promotion(op, operands)[:2]
+
+
+def promotion(op: Elementwise, operands):
+    """(result dtype, compute type, scalar cast) of `op` on `operands`, by PyTorch's
+    promotion rules; the cast turns a Python scalar into a kernel argument.
 
     Computed on CPU stand-ins (torch.result_type on neuron tensors would dispatch) and
     cached by the operands' (dtype, is-0-dim) or Python scalar type.
@@ -132,7 +138,7 @@ def dtypes_for(op: Elementwise, operands) -> tuple[torch.dtype, str]:
 BAREBONES = (torch.uint16, torch.uint32, torch.uint64)  # PyTorch's storage-only unsigned types
 
 
-def _dtypes_uncached(op: Elementwise, keys) -> tuple[torch.dtype, str]:
+def _dtypes_uncached(op: Elementwise, keys):
     for k in keys:
         if isinstance(k, tuple) and k[0] in BAREBONES:
             raise NotImplementedError(
@@ -140,12 +146,14 @@ def _dtypes_uncached(op: Elementwise, keys) -> tuple[torch.dtype, str]:
                 f"type (copies and views); convert it first, e.g. x.to(torch.int32)")
     common = _result_type(keys)
     if op.kind == "always_bool":
-        return torch.bool, numerics.compute_type(common)
+        compute = numerics.compute_type(common)
+        return torch.bool, compute, numerics.scalar_cast(compute, common)
     if op.kind == "int_to_float" and not common.is_floating_point:
         common = torch.get_default_dtype()
     elif op.float_only and not common.is_floating_point:
         raise NotImplementedError(f"\"{op.name}\" not implemented for '{T.dtype_name(common)}'")
-    return common, numerics.compute_type(common)
+    compute = numerics.compute_type(common)
+    return common, compute, numerics.scalar_cast(compute, common)
 
 
 def try_broadcast(shapes) -> tuple | None:
@@ -415,7 +423,7 @@ def _zero_dim(operands) -> bool:
 def _plan_contiguous(op, operands, out=None):
     """(kernel, result dtype, scalar cast, int64 wrap) of a fast path; with `out`, of the
     in-place form (False: the result type does not cast to out's, the general path raises)."""
-    dtype, compute = dtypes_for(op, operands)
+    dtype, compute, cast = promotion(op, operands)
     if out is not None:
         if not torch.can_cast(dtype, out.dtype):
             return False
@@ -427,7 +435,7 @@ def _plan_contiguous(op, operands, out=None):
     out_code = _out_code(dtype, compute)
     kernel = kernelgen.elementwise_kernel(op.name, op.fn, op.nparams, kinds, codes, compute,
                                           out_code, "c", stochastic)
-    return kernel, dtype, numerics.SCALAR_CAST[compute], out_code == "i64x"
+    return kernel, dtype, cast, out_code == "i64x"
 
 
 def _out_code(dtype: torch.dtype, compute: str) -> str:
@@ -494,7 +502,7 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
     for a in operands:
         if isinstance(a, torch.Tensor) and type(a) is not NeuronTensor:
             T.check_foreign(a)
-    result_dtype, compute = dtypes_for(op, operands)
+    result_dtype, compute, cast = promotion(op, operands)
     arrays = [a for a in operands if isinstance(a, NeuronTensor)]
     shape = broadcast_shape([a.shape for a in arrays]) if arrays else ()
     if out is None:
@@ -513,11 +521,14 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
             # another view of the output's memory: compute aside, then copy (no torn reads)
             tmp = run(op, operands, params, None)
             return copy_into(out, tmp)
-    return launch(op, operands, params, out, shape, compute)
+    return launch(op, operands, params, out, shape, compute, cast)
 
 
-def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute: str):
-    """Run `op` into an allocated `out` (of broadcast `shape`) computing in `compute`."""
+def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute: str,
+           cast=None):
+    """Run `op` into an allocated `out` (of broadcast `shape`) computing in `compute`,
+    Python scalars converted by `cast` (numerics.scalar_cast)."""
+    cast = cast or numerics.SCALAR_CAST[compute]
     n = out.numel()
     if n == 0:
         return out
@@ -541,7 +552,7 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
             value = a.item() if isinstance(a, torch.Tensor) else a
             kinds.append("s")
             codes.append("py")
-            args.append(numerics.scalar_for(value, compute))
+            args.append(cast(value))
     contiguous = out.is_contiguous() and all(
         a.shape == out.shape and a.is_contiguous() for a in args if isinstance(a, NeuronTensor))
     layout = "c" if contiguous else "s"
@@ -564,7 +575,7 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
     kernel = kernelgen.elementwise_kernel(
         op.name, op.fn, op.nparams, tuple(kinds), tuple(codes), compute, out_code, layout,
         config.stochastic_rounding and out.dtype in (torch.bfloat16, torch.float16))
-    cparams = [numerics.scalar_for(p, compute) for p in params]
+    cparams = [cast(p) for p in params]
     if layout != "s" and n >= SPLIT_MIN:
         workers.split_call(kernel, out_arr, [*args, *cparams])
     else:

@@ -12,6 +12,7 @@ import torch
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import indexing as I
+from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.jit import njit
@@ -121,13 +122,16 @@ def nonzero(x):
     if n == 0:
         # Storage for one row, so that views of the empty result (where() unbinds it) can
         # carry offsets: tensor.nd_view refuses offsets past a zero-byte storage.
-        return T.make(T.NeuronStorage(8 * max(x.dim(), 1)), (0, x.dim()), (x.dim(), 1), 0,
+        return T.make(T.NeuronStorage(8 * max(x.dim(), 1)), (0, x.dim()), (1, 0), 0,
                       torch.int64)
-    out = T.empty((n, x.dim()), torch.int64)
-    _nonzero(out._nd, I.flat(x), np.array(x.shape, np.int64), np.array(x.stride(), np.int64),
+    # The CPU's result is column-major, strides (1, n): one coordinate's column is dense.
+    columns = T.empty((x.dim(), n), torch.int64)
+    rows = np.empty((n, x.dim()), np.int64)
+    _nonzero(rows, I.flat(x), np.array(x.shape, np.int64), np.array(x.stride(), np.int64),
              _keep_bits(x))
-    core.launch("gpsimd", x.numel(), x._nd.nbytes + out._nd.nbytes)
-    return out
+    columns._nd[...] = rows.T
+    core.launch("gpsimd", x.numel(), x._nd.nbytes + rows.nbytes)
+    return T.make(columns._storage, (n, x.dim()), (1, n), 0, torch.int64)
 
 
 # -- masked ops ----------------------------------------------------------------------------
@@ -141,12 +145,13 @@ def _check_mask(mask):
                            f"{T.CPP_NAMES.get(mask.dtype, mask.dtype)}")
 
 
-def _fill_value(value):
+def _fill_value(value, dtype):
     if isinstance(value, torch.Tensor):
         if value.dim() != 0:
             raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got "
                                f"tensor with {value.dim()} dimension(s).")
         return value.item()
+    numerics.check_fits(value, dtype)
     return value
 
 
@@ -154,13 +159,14 @@ def _fill_value(value):
 def masked_fill(x, mask, value):
     _check_mask(mask)
     shape = E.broadcast_shape([mask.shape, x.shape])  # (the CPU's order, for its message)
-    return E.run(_MASKED_FILL, [x, mask], [_fill_value(value)], out=T.empty(shape, x.dtype))
+    return E.run(_MASKED_FILL, [x, mask], [_fill_value(value, x.dtype)],
+                 out=T.empty(shape, x.dtype))
 
 
 @register(aten.masked_fill_.Scalar, aten.masked_fill_.Tensor)
 def masked_fill_(x, mask, value):
     _check_mask(mask)
-    return E.run(_MASKED_FILL, [x, mask], [_fill_value(value)], out=x)
+    return E.run(_MASKED_FILL, [x, mask], [_fill_value(value, x.dtype)], out=x)
 
 
 @register(aten.masked_select.default)

@@ -9,6 +9,8 @@ Every conversion here is bit-exact against `torch.Tensor.to` (tested).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from llvmlite import ir
@@ -340,8 +342,35 @@ def wrap_int64(values: np.ndarray, op: str) -> None:
         np.copyto(values, values.astype(np.int32))
 
 
+# The C++ names c10 gives the dtypes in its overflow message.
+_C_NAMES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t",
+            torch.int32: "int", torch.int64: "int64_t", torch.float16: "c10::Half",
+            torch.bfloat16: "c10::BFloat16", torch.float32: "float"}
+
+
+def check_fits(value, dtype: torch.dtype) -> None:
+    """Raise as c10 does where an op converts a Python scalar to `dtype` with a check (fill,
+    clamp, masked_fill): integers out of the type's range (an unsigned type takes -max..max,
+    as c10 allows), finite floats beyond its largest value. Infinities and NaN fit floats."""
+    if dtype == torch.bool or dtype == torch.float64 or isinstance(value, bool):
+        return
+    if dtype.is_floating_point:
+        value = float(value)
+        if math.isfinite(value) and abs(value) > torch.finfo(dtype).max:
+            raise RuntimeError(f"value cannot be converted to type {_C_NAMES[dtype]} without "
+                               f"overflow")
+        return
+    if dtype in _C_NAMES and not isinstance(value, complex):
+        info = torch.iinfo(dtype)
+        low = -info.max if info.min == 0 else info.min
+        if isinstance(value, float) and not math.isfinite(value) or not low <= value <= info.max:
+            raise RuntimeError(f"value cannot be converted to type {_C_NAMES[dtype]} without "
+                               f"overflow")
+
+
 def encode_scalar(value, dtype: torch.dtype):
     """The stored form of a Python scalar in `dtype` (as torch would round it)."""
+    check_fits(value, dtype)
     t = torch.tensor(value, dtype=dtype)
     if dtype in (torch.bfloat16, torch.float16):
         return np.uint16(t.view(torch.int16).item() & 0xFFFF)
@@ -351,9 +380,34 @@ def encode_scalar(value, dtype: torch.dtype):
 SCALAR_CAST = {"f32": np.float32, "bool": bool, "int": np.int64}
 
 
-def scalar_for(value, compute: str):
-    """A Python scalar as a kernel argument in the compute type."""
-    return SCALAR_CAST[compute](value)
+def scalar_for(value, compute: str, common: torch.dtype | None = None):
+    """A Python scalar as a kernel argument in the compute type (`scalar_cast`)."""
+    return scalar_cast(compute, common)(value)
+
+
+def _int_wrapper(bits: int, signed: bool):
+    mask, top = (1 << bits) - 1, 1 << (bits - 1)
+
+    def wrap(value):
+        v = int(value) & mask
+        return np.int64(v - (1 << bits) if signed and v >= top else v)
+    return wrap
+
+
+# Note [Integer scalars wrap]
+# TensorIterator casts a Python integer to the operands' common dtype before the op, so on a
+# uint8 tensor `x // -1` divides by 255 and `x < -1` compares with 255; an int8 `x % 300`
+# takes 300 as 44. Kernels compute integers in int64, so the cast happens here, on the host.
+_NARROW_INTS = {torch.uint8: _int_wrapper(8, False), torch.int8: _int_wrapper(8, True),
+                torch.int16: _int_wrapper(16, True), torch.int32: _int_wrapper(32, True)}
+
+
+def scalar_cast(compute: str, common: torch.dtype | None = None):
+    """The conversion of a Python scalar to a kernel argument for operands whose common
+    dtype is `common` (Note [Integer scalars wrap])."""
+    if compute == "int" and common in _NARROW_INTS:
+        return _NARROW_INTS[common]
+    return SCALAR_CAST[compute]
 
 
 # -- stochastic-rounding noise ---------------------------------------------------------------

@@ -27,14 +27,14 @@ _LN2 = np.float32(math.log(2))
 def _xlogy(x, y):
     if y != y:
         return y
-    return x * _0 if x == 0 else x * log_f32(y)
+    return _0 if x == 0 else x * log_f32(y)  # +0 for either zero, as the CPU
 
 
 @njit
 def _xlog1py(x, y):
     if y != y:
         return y
-    return x * _0 if x == 0 else x * log1p_f32(y)
+    return _0 if x == 0 else x * log1p_f32(y)
 
 
 @njit
@@ -75,7 +75,7 @@ def _fmin(a, b):
 def _heaviside(x, v):
     if x == 0:
         return v
-    return x - x + (1 if x > 0 else 0)
+    return 1 if x > 0 else 0  # NaN gives 0, as the CPU
 
 
 @njit

@@ -415,6 +415,21 @@ def test_compile_failure_warns_once_and_runs_op_by_op(monkeypatch):
     assert adaptive.stats()["fused_kernels"] == 0
 
 
+def test_python_ints_wrap_to_narrow_ints_when_recorded():
+    u = torch.tensor([0, 1, 200, 255], dtype=torch.uint8, device=N)
+
+    def program():
+        r = (u // -1) + (u % 300) + (u < -1).to(torch.uint8) + u.clamp_min(-1)
+        inplace = u.clone()
+        inplace //= -1
+        return r, inplace
+
+    both_modes(program)
+    host = u.cpu()
+    same_bits(program()[0].cpu(), (host // -1) + (host % 300) + (host < -1).to(torch.uint8)
+              + host.clamp_min(-1))
+
+
 # -- autograd ------------------------------------------------------------------------------------
 def test_backward_matches_plain_eager():
     w0, b0, x = rand(16, 8), rand(8, seed=1), rand(16, 8, seed=2)
@@ -432,9 +447,9 @@ def test_backward_matches_plain_eager():
     threads = set()
     recorded = recording._add_node
 
-    def spy(*a):
+    def spy(*a, **kw):
         threads.add(threading.get_ident())
-        return recorded(*a)
+        return recorded(*a, **kw)
 
     recording._add_node = spy
     try:

@@ -403,3 +403,43 @@ def test_integer_powers_wrap_as_the_cpus(dtype):
     check_op(torch.pow, x, torch.tensor([2, 3, 5, 7, 0, 40], dtype=dtype))
     check_op(lambda t: 3 ** t, torch.tensor([0, 5, 19, 20, 40], dtype=dtype))
     check_op(lambda t: t.pow_(3), x.clone())
+
+
+NARROW_INTS = [torch.uint8, torch.int8, torch.int16, torch.int32]
+
+
+@pytest.mark.parametrize("dtype", NARROW_INTS)
+def test_python_ints_wrap_to_the_tensors_type(dtype):
+    """The CPU casts a Python int to the operands' type first: uint8 `x // -1` divides by 255."""
+    info = torch.iinfo(dtype)
+    x = torch.tensor([info.min, 0, 1, 5, 77, info.max], dtype=dtype)
+    for s in [-1, -7, 300, -129, 70000, 2**33 + 5]:
+        for op in [torch.floor_divide, torch.remainder, torch.fmod, torch.lt, torch.eq,
+                   torch.ge, torch.bitwise_and, torch.add, torch.mul]:
+            try:
+                expected = op(x, s)
+            except RuntimeError:  # (a divisor that wraps to 0)
+                with pytest.raises(RuntimeError):
+                    op(x.to("neuron"), s)
+                continue
+            assert torch.equal(op(x.to("neuron"), s).cpu(), expected), (op, s)
+
+
+@pytest.mark.parametrize("dtype", NARROW_INTS + [torch.float16, torch.bfloat16, torch.float32])
+def test_scalars_that_do_not_fit_are_refused_as_on_cpu(dtype):
+    """clamp, fill_ and masked_fill check a scalar against the tensor's type (c10's rule: an
+    unsigned type takes -max..max, a float type any value up to its largest, inf and NaN)."""
+    big = 1e39 if dtype.is_floating_point else 2**33
+    for value in [big, -big, float("inf"), float("nan"), -255, 300]:
+        for fn in [lambda t: t.clamp_min(value), lambda t: t.clamp(max=value),
+                   lambda t: t.fill_(value), lambda t: t.masked_fill(t > 0, value)]:
+            cpu = torch.ones(3, dtype=dtype)
+            dev = cpu.to("neuron")
+            try:
+                expected = fn(cpu)
+            except (RuntimeError, TypeError) as e:
+                with pytest.raises(type(e), match=str(e)[:30]):
+                    fn(dev)
+                assert torch.equal(dev.cpu(), torch.ones(3, dtype=dtype))  # unchanged
+                continue
+            torch.testing.assert_close(fn(dev).cpu(), expected, rtol=0, atol=0, equal_nan=True)

@@ -128,6 +128,17 @@ def test_index_masks(seed):
     check_op(lambda t: torch.argwhere(t > 0.5), torch.rand(3, 4).t())
 
 
+@pytest.mark.parametrize("x", [torch.tensor([[0, 1, 2], [3, 0, 4]]), torch.zeros(2, 3),
+                               torch.tensor(5), torch.tensor(0), torch.tensor([1.0, 0.0, 2.0])])
+def test_nonzero_layout_is_the_cpus(x):
+    """The CPU's nonzero is column-major (strides (1, n)), so each coordinate is dense."""
+    expected, actual = torch.nonzero(x), torch.nonzero(x.to("neuron"))
+    assert actual.shape == expected.shape and actual.stride() == expected.stride()
+    assert torch.equal(actual.cpu(), expected)
+    for e, a in zip(torch.nonzero(x, as_tuple=True), torch.nonzero(x.to("neuron"), as_tuple=True)):
+        assert a.stride() == e.stride() and torch.equal(a.cpu(), e)
+
+
 def test_index_grad(seed):
     x = torch.randn(5, 4, requires_grad=True)
     check_op(lambda t, i: t[i] * 3, x, torch.tensor([0, 0, 4]), grad=True)

@@ -17,6 +17,20 @@ def test_special_binary(dtype, seed):
     check_op(lambda x: torch.xlogy(x, 2.0), a)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_heaviside_and_xlogy_edge_values(dtype):
+    """Non-finite inputs and signed zeros, bit for bit (assert_close equates -0.0 and 0.0)."""
+    x = torch.tensor([-1.0, 0.0, -0.0, 2.0, float("nan"), float("inf"), -float("inf")], dtype=dtype)
+    y = torch.tensor([2.0, 3.0, float("nan"), 0.0, 1.0, float("inf"), 0.5], dtype=dtype)
+    for fn in [lambda a, b: torch.heaviside(a, torch.tensor(0.5, dtype=dtype, device=a.device)),
+               torch.xlogy, torch.special.xlog1py, lambda a, b: torch.xlogy(a.neg(), b)]:
+        expected, actual = fn(x, y), fn(x.to("neuron"), y.to("neuron")).cpu()
+        nan = expected.isnan()
+        assert torch.equal(actual.isnan(), nan)  # (NaN payloads and signs aside)
+        bits = torch.int16 if dtype != torch.float32 else torch.int32
+        assert torch.equal(actual[~nan].view(bits), expected[~nan].view(bits))
+
+
 def test_special_unary_and_grads(seed):
     x = torch.randn(7, 3, requires_grad=True)
     for op in [torch.sinc, torch.deg2rad, torch.rad2deg, torch.frac,
