@@ -83,6 +83,26 @@ def test_layer_norm_statistics(seed):
     assert_close(rstd, crstd)
 
 
+@pytest.mark.parametrize("offset", [0.0, 1000.0])
+def test_norm_statistics_are_accurate_for_zero_and_large_means(offset, seed):
+    """Note [Corrected two-pass statistics]: the saved means of zero-mean rows and channels
+    (the common case after a matmul or conv) stay near fp64, as do those of large-mean data."""
+    def rel(got, exact):
+        return ((got.cpu().double().flatten() - exact).abs().max() / exact.abs().max()).item()
+
+    y = torch.randn(64, 4096) * 0.5 + offset
+    _, mean, rstd = aten.native_layer_norm(y.to(NEURON), [4096], None, None, 1e-5)
+    y64 = y.double()
+    assert rel(mean, y64.mean(1)) < 4e-6
+    assert rel(rstd, (y64.var(1, unbiased=False) + 1e-5).rsqrt()) < 1e-6
+    x = torch.randn(4, 16, 56, 56) * 0.5 + offset
+    _, mean, invstd = aten.native_batch_norm(x.to(NEURON), None, None, None, None, True, 0.1,
+                                             1e-5)
+    x64 = x.double()
+    assert rel(mean, x64.mean((0, 2, 3))) < 4e-6
+    assert rel(invstd, (x64.var((0, 2, 3), unbiased=False) + 1e-5).rsqrt()) < 1e-6
+
+
 @pytest.mark.parametrize("mask", [(True, False, False), (False, True, True),
                                   (True, True, False)])
 def test_layer_norm_backward_output_mask(mask, seed):
