@@ -42,7 +42,7 @@ def _build_total(load, store):
         acc = np.float32(0)
         n = values.shape[0]
         for start in range(0, n, 4096):  # fp32 lane sums per tile, then across tiles
-            acc += tile_total(values, start, min(start + 4096, n), np.float32(0), False)
+            acc += tile_total(values, start, min(start + 4096, n))
         out[0] = store(acc / divisor)
 
     return total

@@ -86,9 +86,9 @@ def _tree(acc):
 
 
 def lane_total(load):
-    """Jitted `total(v, start, stop, mu, square)`: sum of (v[j] - mu) or of its square."""
+    """Jitted `total(v, start, stop)`: the lane sum of v[start:stop]."""
     @njit(inline="always")
-    def total(v, start, stop, mu, square):
+    def total(v, start, stop):
         head = np.float32(0)
         end = start
         if stop - start >= 16:  # short runs (e.g. [N, C] batch norm) skip the lanes
@@ -96,13 +96,11 @@ def lane_total(load):
             end = start + (stop - start) // 8 * 8
             for j in range(start, end, 8):
                 for lane in range(8):
-                    d = load(v[j + lane]) - mu
-                    acc[lane] += d * d if square else d
+                    acc[lane] += load(v[j + lane])
             head = _tree(acc)
         tail = np.float32(0)
         for j in range(end, stop):
-            d = load(v[j]) - mu
-            tail += d * d if square else d
+            tail += load(v[j])
         return head + tail
 
     return total
@@ -197,7 +195,7 @@ def _build_row_norm(load, store):
         n = np.float32(length)
         for r in range(rows):
             src, dst = x[r], out[r]
-            mu0 = total(src, 0, length, np.float32(0), False) / n
+            mu0 = total(src, 0, length) / n
             s1, s2 = moments(src, 0, length, mu0)  # Note [Corrected two-pass statistics]
             mu = mu0 + s1 / n
             rs = np.float32(1) / np.sqrt(max(s2 - s1 * (s1 / n), np.float32(0)) / n + eps)
@@ -380,7 +378,7 @@ def _build_batch_norm(load, store):
             acc2 = np.zeros(channels, np.float32)
             for n in range(n_):
                 for c in range(channels):
-                    acc[c] += total(x[n, c], 0, s_, np.float32(0), False)
+                    acc[c] += total(x[n, c], 0, s_)
             for c in range(channels):
                 mean[c] = acc[c] / m  # the first mean, mu0
                 acc[c] = 0
