@@ -1,0 +1,64 @@
+"""neuron_eager.debug.check_ops: each op's neuron result against the CPU's."""
+import torch
+import torch.nn.functional as F
+
+import neuron_eager  # noqa: F401
+from neuron_eager import debug
+from neuron_eager.ops import tensor as tensor_module
+
+
+def _model_step(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.GELU(), torch.nn.Flatten(), torch.nn.Linear(144, 5))
+    model.to(device)
+    x = torch.randn(2, 3, 8, 8).to(device)
+    target = torch.tensor([1, 3]).to(device)
+    F.cross_entropy(model(x), target).backward()
+
+
+def test_a_correct_step_has_no_findings_and_backward_ops_are_checked(monkeypatch):
+    seen = []
+    monkeypatch.setattr(debug.check_ops, "_compare",
+                        lambda self, func, *rest, _orig=debug.check_ops._compare:
+                        (seen.append(func.__name__.split(".")[0]), _orig(self, func, *rest))[1])
+    with debug.check_ops() as check:
+        _model_step("neuron")
+    assert check.findings == [], check.report()
+    assert "all within tolerance" in check.report()
+    # the backward ops run on autograd's thread and are checked too
+    assert {"convolution_backward", "native_batch_norm_backward", "mm"} <= set(seen)
+
+
+def test_a_wrong_kernel_is_found_at_the_users_line(monkeypatch):
+    real = tensor_module._dispatcher
+
+    def corrupt_mul(func, args, kwargs):
+        out = real(func, args, kwargs)
+        if func is torch.ops.aten.mul.Tensor:
+            return real(torch.ops.aten.add.Tensor, (out, 1e-3), {})
+        return out
+
+    monkeypatch.setattr(tensor_module, "_dispatcher", corrupt_mul)
+    x = torch.linspace(-2, 2, 50).to("neuron")
+    with debug.check_ops() as check:
+        y = x * x  # the line the finding must name
+        z = y + 1
+    line = test_a_wrong_kernel_is_found_at_the_users_line.__code__.co_firstlineno + 12
+    assert [f.op for f in check.findings] == ["aten.mul.Tensor"]
+    assert check.findings[0].where[1] == line
+    assert check.findings[0].where[0] == __file__
+    assert "aten.mul.Tensor" in check.report()
+    # the op's own result is returned unchanged: checking does not mend it
+    torch.testing.assert_close(z.cpu(), x.cpu() * x.cpu() + 1e-3 + 1)
+
+
+def test_integer_results_must_match_exactly_and_tolerance_is_settable():
+    x = torch.tensor([1.0, 2.0, 3.0]).to("neuron")
+    with debug.check_ops(rtol=0.0, atol=0.0) as check:
+        (x.exp() > 2).sum()
+        x.exp()
+    assert check.checked >= 3
+    # exp is within a few ulp, not bit-exact with torch's: zero tolerance may flag it, but
+    # the comparison and the sum are integers and exact
+    assert all(f.op.startswith("aten.exp") for f in check.findings)
