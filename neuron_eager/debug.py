@@ -5,6 +5,9 @@
         loss = model(x).sum(); loss.backward()
     print(check.report())               # the ops whose results left the tolerance, worst first
 
+    with check_ops(raise_first=True):   # stop at the first such op: OpMismatch at its line,
+        loss = model(x).sum()           # where pdb's post-mortem shows its inputs
+
 Each op runs as usual on neuron, then once more on CPU copies of its inputs; the outputs
 are compared elementwise with |neuron - cpu| <= rtol * |cpu| + atol * max|cpu| (atol is
 relative to the output's scale, so tiny values of a large output do not flag). Integer and
@@ -47,12 +50,23 @@ class Finding:
                 f"inputs {self.inputs}")
 
 
-class check_ops(TorchDispatchMode):
-    """A scope in which each aten op's neuron result is compared with the CPU's."""
+class OpMismatch(RuntimeError):
+    """An op's neuron result left the tolerance (check_ops(raise_first=True)); `.finding`."""
 
-    def __init__(self, rtol: float | None = None, atol: float | None = None):
+    def __init__(self, finding: Finding):
+        super().__init__(f"neuron result differs from the CPU's: {finding}")
+        self.finding = finding
+
+
+class check_ops(TorchDispatchMode):
+    """A scope in which each aten op's neuron result is compared with the CPU's; with
+    `raise_first` the first op outside the tolerance raises OpMismatch where it was called
+    (its result is computed and dropped; in backward, loss.backward() raises it)."""
+
+    def __init__(self, rtol: float | None = None, atol: float | None = None,
+                 raise_first: bool = False):
         super().__init__()
-        self.rtol, self.atol = rtol, atol
+        self.rtol, self.atol, self.raise_first = rtol, atol, raise_first
         self.checked = 0  # ops compared
         self.findings: list[Finding] = []
 
@@ -97,8 +111,11 @@ class check_ops(TorchDispatchMode):
                 over = ((g - w).abs() - allowance).masked_fill(same_nan | (g == w), 0)
                 excess = float(over.nan_to_num(float("inf")).max())
         if excess > 0:
-            self.findings.append(Finding(str(func), index, user_frame(), excess, scale,
-                                         _describe(args, kwargs)))
+            finding = Finding(str(func), index, user_frame(), excess, scale,
+                              _describe(args, kwargs))
+            self.findings.append(finding)
+            if self.raise_first:
+                raise OpMismatch(finding)
 
     def report(self, limit: int = 10) -> str:
         if not self.findings:

@@ -53,6 +53,30 @@ def test_a_wrong_kernel_is_found_at_the_users_line(monkeypatch):
     torch.testing.assert_close(z.cpu(), x.cpu() * x.cpu() + 1e-3 + 1)
 
 
+def test_raise_first_stops_at_the_wrong_op(monkeypatch):
+    import pytest
+
+    real = tensor_module._dispatcher
+
+    def corrupt_exp(func, args, kwargs):
+        out = real(func, args, kwargs)
+        return real(torch.ops.aten.mul.Tensor, (out, 1.01), {}) \
+            if func is torch.ops.aten.exp.default else out
+
+    monkeypatch.setattr(tensor_module, "_dispatcher", corrupt_exp)
+    x = torch.linspace(-2, 2, 50).to("neuron")
+    ran = []
+    with pytest.raises(debug.OpMismatch, match="aten.exp.default") as caught:
+        with debug.check_ops(raise_first=True) as check:
+            y = (x * 2).exp()
+            ran.append(y)  # not reached
+    assert ran == [] and len(check.findings) == 1
+    assert caught.value.finding is check.findings[0]
+    line = next(n for n, text in enumerate(open(__file__), 1) if "y = (x * 2).exp()" in text)
+    assert caught.value.finding.where == (__file__, line)
+    assert any(entry.lineno + 1 == line for entry in caught.traceback)  # raised at that line
+
+
 def test_integer_results_must_match_exactly_and_tolerance_is_settable():
     x = torch.tensor([1.0, 2.0, 3.0]).to("neuron")
     with debug.check_ops(rtol=0.0, atol=0.0) as check:
