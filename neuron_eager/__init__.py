@@ -12,7 +12,7 @@ import sys
 import torch
 
 from neuron_eager.device_sim import config
-from neuron_eager.ops import _compat, jit, router
+from neuron_eager.ops import _compat, backward_errors, jit, router
 from neuron_eager.ops.tensor import NeuronOutOfMemoryError, NeuronTensor
 
 import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
@@ -31,6 +31,7 @@ _compat.install_accelerator_memory(_device.memory_stats, _device.synchronize)
 _compat.install_pinned_memory_shim()
 _compat.install_tied_parameters_shim()
 _compat.install_compile_shim()
+_compat.install_backward_errors(backward_errors)
 serialization.install()  # torch.load(..., map_location="neuron")
 profiler.install()  # torch.profiler shows neuron kernels with their simulated device time
 sys.modules.setdefault("torch.neuron", _device)

@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
+from neuron_eager.ops import backward_errors
 from neuron_eager.ops.sourceline import user_frame
 
 # (rtol, atol as a fraction of the output's largest magnitude) per floating dtype: our fp32
@@ -71,7 +72,14 @@ class check_ops(TorchDispatchMode):
         self.findings: list[Finding] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        try:
+            return self._check(func, args, kwargs or {})
+        except Exception as e:  # (Note [Errors on autograd's thread] in ops/backward_errors.py)
+            if backward_errors.in_backward():
+                return backward_errors.carry(e, func)
+            raise
+
+    def _check(self, func, args, kwargs):
         if not _on_neuron(args, kwargs) or func.__name__.startswith(_UNCOMPARED):
             return func(*args, **kwargs)
         # Copies before the op runs: an in-place op's inputs are gone after it.

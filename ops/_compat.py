@@ -86,6 +86,46 @@ def _touches(graph_module, inputs) -> bool:
     return False
 
 
+def install_backward_errors(errors) -> None:
+    """Wrap torch's entry to the autograd engine (backward() and autograd.grad() call it):
+    an engine error naming an exception kept on autograd's thread raises that exception
+    instead, as does a hook's kept exception after a backward that finished (Notes [Errors
+    on autograd's thread], [Hook errors in backward] in backward_errors.py). Idempotent."""
+    import torch.autograd.graph as graph
+
+    run = graph._engine_run_backward
+    if getattr(run, "_neuron_wrapped", False):
+        return
+
+    def _engine_run_backward(*args, **kwargs):
+        since = errors.mark()
+        try:
+            result = run(*args, **kwargs)
+        except RuntimeError as e:
+            kept = errors.claim(e) or errors.claim_hook_error(since)
+            if kept is None:
+                raise
+            raise kept.with_traceback(kept.__traceback__) from None
+        kept = errors.claim_hook_error(since)
+        if kept is not None:
+            raise kept.with_traceback(kept.__traceback__)
+        return result
+
+    _engine_run_backward._neuron_wrapped = True
+    graph._engine_run_backward = _engine_run_backward
+    torch.autograd._engine_run_backward = _engine_run_backward  # (imported there by name)
+
+    # modules' backward hooks (register_full_backward_hook and _pre_hook) run in BackwardHook
+    hooks = torch.utils.hooks.BackwardHook
+    init = hooks.__init__
+
+    def __init__(self, module, user_hooks, user_pre_hooks):
+        init(self, module, [errors.guarded_hook(h) for h in user_hooks],
+             [errors.guarded_hook(h) for h in user_pre_hooks])
+
+    hooks.__init__ = __init__
+
+
 def install_compile_shim() -> None:
     """Send torch.compile's graphs that touch neuron tensors around Inductor (Note [Compiled
     graphs on neuron]); Inductor is not imported until torch.compile runs."""

@@ -143,20 +143,27 @@ def _hardtanh(x, lo, hi):
     return hi if y > hi else y
 
 
+def _relu(x, zero):
+    # clamp_min(x, 0), as the CPU computes relu: -0.0 and NaN pass through (threshold(x, 0, 0)
+    # gives +0.0 for -0.0)
+    return zero if x < zero else x
+
+
 THRESHOLD = E.Elementwise("threshold", njit(**JIT_OPTIONS)(_threshold), 2, engine="scalar")
 HARDTANH = E.Elementwise("hardtanh", njit(**JIT_OPTIONS)(_hardtanh), 2, engine="scalar")
+RELU = E.Elementwise("relu", njit(**JIT_OPTIONS)(_relu), 1, engine="scalar")
 
 
 @register(aten.relu.default)
 def relu(x):
     _refuse_bool(x, "relu")
-    return E.run(THRESHOLD, [x], [0, 0])
+    return E.run(RELU, [x], [0])
 
 
 @register(aten.relu_.default)
 def relu_(x):
     _refuse_bool(x, "relu")
-    return E.run(THRESHOLD, [x], [0, 0], out=x)
+    return E.run(RELU, [x], [0], out=x)
 
 
 @register(aten.threshold.default)
@@ -460,7 +467,7 @@ def glu_backward(grad_output, x, dim):
 @E.fusible_inplace(aten.relu_.default)  # nn.ReLU(inplace=True)
 def _relu_plan(x):
     _refuse_bool(x, "relu")
-    return THRESHOLD, [x], [0, 0]
+    return RELU, [x], [0]
 
 
 @E.fusible(aten.hardtanh.default)

@@ -319,9 +319,78 @@ def _float_pow(x, y):
     return x ** y
 
 
-define("pow", lambda x, y: _pow(x, y),
-       [aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar],
-       [aten.pow_.Tensor, aten.pow_.Scalar], engine="scalar", check=_no_negative_int_power)
+_POW = define("pow", lambda x, y: _pow(x, y), engine="scalar")  # (registered below)
+
+
+@njit(inline="always")
+def _int_pow_any(x, y):
+    """x ** y for integers as the CPU's tensor-exponent kernel: a negative power is 0 but
+    for bases 1 and -1."""
+    if y < 0:
+        if x == 1:
+            return np.int64(1)
+        if x == -1:
+            return np.int64(1) if y % 2 == 0 else np.int64(-1)
+        return np.int64(0)
+    return _int_pow(x, y)
+
+
+@njit(inline="always")
+def _float_pow_any(x, y):
+    # C's pow at -0.0 and -inf for the exponents _float_pow computes through sqrt: a tensor
+    # exponent is computed by pow on the CPU (pow(-0.0, 0.5) is 0.0, not sqrt's -0.0)
+    if (y == 0.5 or y == -0.5) and (x == 0 or x == -np.inf):
+        return abs(x) ** y  # (at +-0 and +-inf the sign of x does not matter to pow)
+    return _float_pow(x, y)
+
+
+def _pow_any(x, y):
+    """pow's scalar function for a tensor exponent (pow.Tensor_Tensor, pow.Scalar)."""
+
+
+@overload(_pow_any, inline="always")
+def _pow_any_typed(x, y):
+    if isinstance(x, types.Integer) and isinstance(y, types.Integer):
+        return lambda x, y: _int_pow_any(x, y)
+    return lambda x, y: _float_pow_any(x, y)
+
+
+_POW_ANY = define("pow_tensor", lambda x, y: _pow_any(x, y),
+                  [aten.pow.Tensor_Tensor, aten.pow.Scalar], [aten.pow_.Tensor], engine="scalar")
+
+
+def _pow_scalar_op(dtype: torch.dtype):
+    # the CPU computes fp16 x ** scalar by pow too: no sqrt for 0.5 (pow(-0.0, 0.5) is 0.0)
+    return _POW_ANY if dtype == torch.float16 else _POW
+
+
+@register(aten.pow.Tensor_Scalar)
+def pow_tensor_scalar(x, exponent):
+    _no_negative_int_power(x, exponent)
+    return E.run(_pow_scalar_op(E.result_type(x, exponent)), [x, exponent])
+
+
+@register(aten.pow_.Scalar)
+def pow_scalar_(x, exponent):
+    E.check_castable(E.result_type(x, exponent), x.dtype)
+    _no_negative_int_power(x, exponent)
+    return E.run(_pow_scalar_op(x.dtype), [x, exponent], out=x)
+
+
+pow_tensor_scalar.checks_devices = pow_scalar_.checks_devices = True
+
+
+@E.fusible(aten.pow.Tensor_Scalar)  # the same choices as the kernels (Note [Fusible ops])
+def _pow_tensor_scalar_plan(x, exponent):
+    _no_negative_int_power(x, exponent)
+    return _pow_scalar_op(E.result_type(x, exponent)), [x, exponent], ()
+
+
+@E.fusible_inplace(aten.pow_.Scalar)
+def _pow_scalar_plan_(x, exponent):
+    E.check_castable(E.result_type(x, exponent), x.dtype)
+    _no_negative_int_power(x, exponent)
+    return _pow_scalar_op(x.dtype), [x, exponent], ()
 
 
 @njit

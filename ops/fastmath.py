@@ -146,7 +146,7 @@ def tanh_f32(x):
     t = f32(1) - f32(2) / (e + f32(1))  # rounds to exactly 1 from |x| = 9.1 on
     large = t if x > 0 else -t
     r = small if a < f32(0.625) else large
-    return r if x == x else x
+    return np.copysign(r, x) if x == x else x  # (tanh(-0.0) is -0.0: small gives +0.0)
 
 
 @njit(**JIT)
@@ -223,7 +223,8 @@ _COS_C = tuple(f32((-1) ** k / math.factorial(2 * k)) for k in range(2, 6))
 def _sin_poly(r):
     z = r * r
     c = _SIN_C
-    return r + r * z * (c[0] + z * (c[1] + z * (c[2] + z * c[3])))
+    # sin has r's sign for |r| <= pi/4; copysign keeps sin(-0.0) = -0.0
+    return np.copysign(r + r * z * (c[0] + z * (c[1] + z * (c[2] + z * c[3]))), r)
 
 
 @njit(**JIT)

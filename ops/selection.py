@@ -490,12 +490,21 @@ def nanmedian_dim(x, dim, keepdim=False):
 
 @register(aten.median.default)
 def median(x):
+    if x.numel() == 0:
+        return _empty_median(x)
     return _select(aten.median.default, x, None, False, MEDIAN, name="median_cpu")[0]
 
 
 @register(aten.nanmedian.default)
 def nanmedian(x):
+    if x.numel() == 0:
+        return _empty_median(x)
     return _select(aten.nanmedian.default, x, None, False, NANMEDIAN, name="median_cpu")[0]
+
+
+def _empty_median(x):
+    """The median of no elements: NaN, as the CPU gives it (cast to x's dtype there)."""
+    return aten._to_copy.default(torch.tensor(float("nan")).to(x.dtype), device=T.DEVICE)
 
 
 @register(aten.mode.default)

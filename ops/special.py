@@ -11,8 +11,8 @@ import math
 import numpy as np
 import torch
 
-from neuron_eager.ops import elementwise as E
-from neuron_eager.ops.activation import exp_f32, log1p_f32, log_f32, sin_f32
+from neuron_eager.ops import elementwise as E, numerics
+from neuron_eager.ops.activation import exp2_f32, exp_f32, log1p_f32, log_f32, sin_f32
 from neuron_eager.ops.arithmetic import define
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
@@ -50,7 +50,8 @@ def _logaddexp2(a, b):
     if a == b and (a == np.inf or a == -np.inf):
         return a
     m = max(a, b)
-    return m + log1p_f32(exp_f32(-abs(a - b) * _LN2)) / _LN2
+    # 2^-d directly, as the CPU: exp(-d ln 2) carried fp32's rounding of d ln 2 (12 ulp at d=30)
+    return m + log1p_f32(exp2_f32(-abs(a - b))) / _LN2
 
 
 @njit
@@ -59,7 +60,7 @@ def _fmax(a, b):
         return b
     if b != b:
         return a
-    return a if a > b else b
+    return a if a >= b else b  # a tie gives a, as the CPU does: fmax(0.0, -0.0) is 0.0
 
 
 @njit
@@ -68,7 +69,7 @@ def _fmin(a, b):
         return b
     if b != b:
         return a
-    return a if a < b else b
+    return a if a <= b else b
 
 
 @njit
@@ -133,7 +134,69 @@ def _hypot(a, b):
 
 
 define("hypot", _hypot, [aten.hypot.default], [aten.hypot_.default], float_only=True)
-define("nextafter", lambda a, b: np.nextafter(a, b), [aten.nextafter.default], float_only=True)
+# nextafter steps one ulp of the tensors' own type: a 16-bit value, computed in fp32, moves
+# to the next bf16/fp16 value (fp32's next value would round back to the input)
+_NEXTAFTER = E.Elementwise("nextafter", njit(lambda a, b: np.nextafter(a, b)), float_only=True)
+
+
+@njit
+def _nextafter_bf16(a, b):
+    if a != a or b != b:
+        return a + b
+    if a == b:
+        return b
+    if a == 0:  # the smallest subnormal bf16, with b's sign
+        return np.copysign(numerics.u32_as_f32(np.uint32(0x10000)), b)
+    bits = numerics.f32_as_u32(a)  # bf16 values are fp32 values with 16 zero low bits
+    away = (b > a) == (a > 0)
+    return numerics.u32_as_f32(bits + np.uint32(0x10000) if away else bits - np.uint32(0x10000))
+
+
+@njit
+def _nextafter_f16(a, b):
+    if a != a or b != b:
+        return a + b
+    if a == b:
+        return b
+    tiny = np.float32(2.0 ** -24)  # fp16's subnormal spacing
+    if a == 0:
+        return np.copysign(tiny, b)
+    m = abs(a)
+    if m == np.inf:  # toward a finite b: the largest fp16
+        return np.copysign(np.float32(65504.0), a)
+    step = tiny
+    bottom = False
+    if m >= np.float32(2.0 ** -14):  # a normal fp16: its binade's spacing
+        e = np.int32((numerics.f32_as_u32(m) >> np.uint32(23)) & np.uint32(0xFF)) - 127
+        step = numerics.u32_as_f32(np.uint32(e - 10 + 127) << np.uint32(23))
+        bottom = e > -14 and m == numerics.u32_as_f32(np.uint32(e + 127) << np.uint32(23))
+    if (b > a) == (a > 0):
+        return np.copysign(m + step, a)  # (65504 + 32 rounds to inf, as it should)
+    if bottom:  # below a power of two the spacing halves
+        step = step / 2
+    return np.copysign(m - step, a)  # (a zero keeps a's sign)
+
+
+_NEXTAFTER_16 = {torch.bfloat16: E.Elementwise("nextafter_bf16", _nextafter_bf16, float_only=True),
+                 torch.float16: E.Elementwise("nextafter_f16", _nextafter_f16, float_only=True)}
+
+
+def _nextafter_op(a, b):
+    dtype = E.result_type(a, b)
+    return _NEXTAFTER_16.get(dtype, _NEXTAFTER)
+
+
+@register(aten.nextafter.default)
+def nextafter(a, b):
+    return E.run(_nextafter_op(a, b), (a, b))
+
+
+nextafter.checks_devices = True
+
+
+@E.fusible(aten.nextafter.default)
+def _nextafter_plan(a, b):
+    return _nextafter_op(a, b), (a, b), ()
 
 _LOGIT = E.Elementwise("logit", _logit, nparams=2, kind="int_to_float", engine="scalar")
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import OutOfMemory, core
-from neuron_eager.ops import _compat, workers
+from neuron_eager.ops import _compat, backward_errors, workers
 
 _compat.rename_backend()
 DEVICE = torch.device(_compat.BACKEND, 0)
@@ -235,7 +235,19 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatcher(func, args, kwargs or {})
+        try:
+            return _dispatcher(func, args, kwargs or {})
+        except Exception as e:  # (Note [Errors on autograd's thread] in backward_errors.py)
+            if backward_errors.in_backward():
+                return backward_errors.carry(e, func)
+            raise
+
+    def register_hook(self, hook):
+        # (Note [Hook errors in backward] in backward_errors.py)
+        return super().register_hook(backward_errors.guarded_hook(hook))
+
+    def register_post_accumulate_grad_hook(self, hook):
+        return super().register_post_accumulate_grad_hook(backward_errors.guarded_hook(hook))
 
     def __repr__(self, *, tensor_contents=None):
         from neuron_eager.ops.printing import tensor_repr
@@ -282,6 +294,11 @@ class NeuronTensor(torch.Tensor):
         # `p.data = new` (Module.to(dtype), .half(), user code) swaps the C++ metadata only;
         # the memory behind it lives in our attributes, so they follow.
         storage = new._storage if type(new) is NeuronTensor else None  # computed first
+        if storage is None and isinstance(new, torch.Tensor) and new.device.type != DEVICE.type:
+            # (CUDA moves the tensor to new's device; a neuron tensor object stays on neuron)
+            raise RuntimeError(f"cannot set .data of a neuron tensor to a tensor on "
+                               f"{new.device}: move it first, `t.data = new.to('neuron')`, or "
+                               f"move the module with .to()")
         _TENSOR_DATA.__set__(self, new)
         if storage is not None:
             self.__dict__.pop("_node", None)

@@ -99,3 +99,16 @@ def test_make_fx_traces_untracked_neuron_tensors_as_constants():
     from torch.fx.experimental import proxy_tensor
 
     assert neuron_eager.NeuronTensor in proxy_tensor.HANDLED_TYPES
+
+
+def test_backward_entry_point_and_module_hooks_are_wrapped_once():
+    import torch.autograd.graph as graph
+
+    from neuron_eager.ops import backward_errors
+
+    wrapped, init = torch.autograd._engine_run_backward, torch.utils.hooks.BackwardHook.__init__
+    assert wrapped is graph._engine_run_backward and wrapped._neuron_wrapped
+    _compat.install_backward_errors(backward_errors)  # idempotent
+    assert torch.autograd._engine_run_backward is wrapped
+    assert torch.utils.hooks.BackwardHook.__init__ is init
+    assert torch._C._current_graph_task_id() == -1  # outside backward (in_backward relies on it)

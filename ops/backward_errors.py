@@ -1,0 +1,125 @@
+"""Errors raised by neuron ops inside autograd's backward reach `backward()` intact.
+
+Note [Errors on autograd's thread]
+Backward of neuron tensors runs on autograd's device thread, inside a stream guard whose
+methods call the Python device guard (ops/_compat.py). When `__torch_dispatch__` raises
+there, torch throws its C++ python_error without first saving the Python exception, and
+the guard's destructor calls into Python with the exception still pending: the process
+aborted ("terminate called without an active exception") or `backward()` raised
+SystemError ("returned NULL without setting an exception"), for an out-of-memory error,
+a kernel's refusal, or check_ops(raise_first=True) alike. So on that thread the dispatcher
+hands the exception to `carry`, which keeps it and returns a stand-in result that torch
+cannot convert: torch then raises a plain C++ error (nothing Python is pending while the
+guard unwinds), the engine carries it to the thread that called backward, and the wrapper
+of torch's backward entry point (_compat.install_backward_errors) raises the kept
+exception there, with its own type, message and traceback. Errors of user Python hooks
+in backward go through torch's same path and are not helped: torch's bug, not ours.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import threading
+
+import torch
+
+_kept: dict[int, BaseException] = {}  # token -> exception raised on autograd's thread
+_tokens = itertools.count(1)
+_lock = threading.Lock()
+KEEP = 64  # at most this many unclaimed (a backward whose error nobody caught)
+_TOKEN = re.compile(r"\[neuron backward error #(\d+)\]")
+
+
+def in_backward() -> bool:
+    """Whether this thread is running an autograd graph task (Note [Errors on autograd's
+    thread])."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class _Carrier(tuple):
+    """A result torch refuses to convert, whose text names the kept exception: one element
+    (itself a carrier) so that ops returning several tensors refuse it with the same text."""
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+
+def carry(error: BaseException, func) -> _Carrier:
+    """Keep `error` and return what makes torch raise a C++ error naming it."""
+    with _lock:
+        token = next(_tokens)
+        _kept[token] = error
+        while len(_kept) > KEEP:
+            _kept.pop(next(iter(_kept)))
+    text = f"{type(error).__name__}: {error} (in {func}) [neuron backward error #{token}]"
+    inner = tuple.__new__(_Carrier, ())
+    inner.text = text
+    outer = tuple.__new__(_Carrier, (inner,))
+    outer.text = text
+    return outer
+
+
+def claim(error: BaseException) -> BaseException | None:
+    """The kept exception an error of torch's backward names, removed; None if none."""
+    match = _TOKEN.search(str(error))
+    if match is None:
+        return None
+    with _lock:
+        return _kept.pop(int(match.group(1)), None)
+
+
+# Note [Hook errors in backward]
+# A tensor or module hook that raises on autograd's thread aborts the process the same way
+# (torch calls it inside the same guards), and no result of the hook's own makes torch raise
+# cleanly. So hooks of neuron tensors and modules' backward hooks are wrapped: in backward,
+# with neuron gradients, an exception is kept and the hook returns None (the gradient
+# unchanged); backward runs to its end and the wrapper of its entry point raises the kept
+# exception there. Unlike the CPU, the rest of backward runs first (gradients of other
+# leaves accumulate).
+_from_hooks: dict[int, BaseException] = {}
+
+
+def guarded_hook(hook):
+    """`hook` for a neuron tensor (Note [Hook errors in backward])."""
+
+    @functools.wraps(hook)
+    def run(*args, **kwargs):
+        try:
+            return hook(*args, **kwargs)
+        except Exception as e:
+            if not (in_backward() and _on_neuron(args)):
+                raise
+            with _lock:
+                _from_hooks[next(_tokens)] = e
+                while len(_from_hooks) > KEEP:
+                    _from_hooks.pop(next(iter(_from_hooks)))
+            return None
+
+    return run
+
+
+def _on_neuron(values) -> bool:
+    """Whether a hook's arguments hold a neuron tensor (the tuples of gradients included)."""
+    for v in values:
+        if isinstance(v, (tuple, list)) and _on_neuron(v):
+            return True
+        if isinstance(v, torch.Tensor) and v.device.type == "neuron":
+            return True
+    return False
+
+
+def mark() -> int:
+    """A mark before a backward starts, for `claim_hook_error`."""
+    with _lock:
+        return next(_tokens)
+
+
+def claim_hook_error(since: int) -> BaseException | None:
+    """The first exception a neuron tensor's hook kept after `since`, removed with any
+    later ones; None if none."""
+    with _lock:
+        kept = [_from_hooks.pop(t) for t in sorted(t for t in _from_hooks if t > since)]
+    return kept[0] if kept else None

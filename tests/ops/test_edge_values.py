@@ -1,0 +1,81 @@
+"""Edge values a new user's sweep found wrong, bit for bit against the CPU (assert_close
+equates -0.0 and 0.0, so signs of zero are compared as bits)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+NEURON = "neuron"
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    if not t.dtype.is_floating_point:
+        return t
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _same_bits(expected: torch.Tensor, actual: torch.Tensor) -> None:
+    nan = expected.isnan() if expected.dtype.is_floating_point else None
+    if nan is not None:
+        assert torch.equal(actual.isnan(), nan)
+        expected, actual = expected[~nan], actual[~nan]  # (NaN payloads aside)
+    assert torch.equal(_bits(expected), _bits(actual)), (expected, actual)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64])
+def test_integer_pow_of_a_negative_tensor_exponent(dtype):
+    base = torch.tensor([-3, -2, -1, -1, 0, 1, 2, 3, -1, 2], dtype=dtype)
+    exponent = torch.tensor([-1, -1, -1, -2, -1, -3, -2, -1, 3, 3], dtype=dtype)
+    b, e = base.to(NEURON), exponent.to(NEURON)
+    _same_bits(torch.pow(base, exponent), torch.pow(b, e).cpu())
+    _same_bits(torch.pow(2, exponent), torch.pow(2, e).cpu())
+    x = base.clone()
+    x.pow_(exponent)
+    b.pow_(e)
+    _same_bits(x, b.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_pow_of_a_tensor_half_exponent_at_negative_zero_and_infinity(dtype):
+    """pow(x, tensor) is C's pow (pow(-0.0, 0.5) = 0.0); pow(x, 0.5) is sqrt (-0.0)."""
+    x = torch.tensor([-0.0, 0.0, -float("inf"), float("inf"), 4.0, -4.0], dtype=dtype)
+    for value in (0.5, -0.5, 2.0, -1.0):
+        e = torch.full_like(x, value)
+        _same_bits(torch.pow(x, e), torch.pow(x.to(NEURON), e.to(NEURON)).cpu())
+        _same_bits(torch.pow(x, value), torch.pow(x.to(NEURON), value).cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_nextafter_steps_one_ulp_of_the_16_bit_type(dtype):
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    for target in (float("inf"), -float("inf"), 0.0, -0.0, 1.0, float("nan")):
+        t = torch.full_like(every, target)
+        _same_bits(torch.nextafter(every, t), torch.nextafter(every.to(NEURON), t.to(NEURON)).cpu())
+
+
+def test_signed_zeros_of_relu_sin_tanh_and_fmax():
+    x = torch.tensor([-0.0, 0.0, -1.5, 2.0, -float("inf"), float("nan")])
+    for fn in (F.relu, torch.relu_, lambda t: F.threshold(t, 0.0, 0.0)):
+        _same_bits(fn(x.clone()), fn(x.to(NEURON)).cpu())
+    x = x[[0, 1, 4, 5]]  # (elsewhere the approximations are within a few ulp, not bit-exact)
+    for fn in (torch.sin, torch.cos, torch.tanh, F.tanhshrink,
+               lambda t: F.gelu(t, approximate="tanh")):
+        _same_bits(fn(x), fn(x.to(NEURON)).cpu())
+    a, b = torch.tensor([0.0, -0.0, 1.0, float("nan")]), torch.tensor([-0.0, 0.0, float("nan"), 2.0])
+    for fn in (torch.fmax, torch.fmin, torch.maximum, torch.minimum):
+        _same_bits(fn(a, b), fn(a.to(NEURON), b.to(NEURON)).cpu())
+
+
+def test_logaddexp2_of_far_apart_values_is_within_a_few_ulp():
+    a, b = torch.zeros(2001), torch.linspace(-100, 100, 2001)
+    got = torch.logaddexp2(a.to(NEURON), b.to(NEURON)).cpu()
+    exact = torch.logaddexp2(a.double(), b.double()).float()
+    ulps = (got.view(torch.int32).long() - exact.view(torch.int32).long()).abs()
+    assert ulps.max() <= 4  # was 12 at b = -30: exp(-d ln 2) for 2^-d
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_median_of_no_elements(dtype):
+    x = torch.empty(0, dtype=dtype)
+    _same_bits(x.median(), x.to(NEURON).median().cpu())
+    if dtype.is_floating_point:
+        _same_bits(x.nanmedian(), x.to(NEURON).nanmedian().cpu())

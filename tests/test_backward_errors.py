@@ -1,0 +1,91 @@
+"""Errors raised inside autograd's backward on neuron reach backward()'s caller with their own
+type and message (Notes [Errors on autograd's thread], [Hook errors in backward] in
+ops/backward_errors.py): before, the process aborted."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_eager
+from neuron_eager import debug
+from neuron_eager.ops import tensor as tensor_module
+
+NEURON = "neuron"
+
+
+def _failing(monkeypatch, op, error):
+    real = tensor_module._dispatcher
+
+    def dispatcher(func, args, kwargs):
+        if func is op:
+            raise error
+        return real(func, args, kwargs)
+
+    monkeypatch.setattr(tensor_module, "_dispatcher", dispatcher)
+
+
+def test_an_op_error_in_backward_is_raised_by_backward(monkeypatch):
+    x = torch.randn(8, device=NEURON, requires_grad=True)
+    loss = x.tanh().sum()
+    _failing(monkeypatch, torch.ops.aten.tanh_backward.default,
+             neuron_eager.NeuronOutOfMemoryError("simulated HBM is full"))
+    with pytest.raises(neuron_eager.NeuronOutOfMemoryError, match="simulated HBM is full"):
+        loss.backward()
+    with pytest.raises(neuron_eager.NeuronOutOfMemoryError):
+        torch.autograd.grad(x.tanh().sum(), x)
+    monkeypatch.undo()  # the device still works, and so does backward
+    x.tanh().sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), 1 - x.detach().cpu().tanh() ** 2)
+
+
+def test_an_error_of_an_op_with_several_results(monkeypatch):
+    x = torch.randn(4, 8, device=NEURON, requires_grad=True)
+    loss = F.layer_norm(x, (8,)).sum()
+    _failing(monkeypatch, torch.ops.aten.native_layer_norm_backward.default,
+             ValueError("refused"))
+    with pytest.raises(ValueError, match="refused"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("device", ["cpu", NEURON])
+def test_hooks_that_raise_in_backward(device):
+    x = torch.randn(5, device=device, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda g: (_ for _ in ()).throw(KeyError("tensor hook")))
+    with pytest.raises(KeyError, match="tensor hook"):
+        y.sum().backward()
+    p = torch.randn(3, device=device, requires_grad=True)
+    p.register_post_accumulate_grad_hook(lambda t: (_ for _ in ()).throw(ValueError("post")))
+    with pytest.raises(ValueError, match="post"):
+        (p * p).sum().backward()
+    for register in ("register_full_backward_hook", "register_full_backward_pre_hook"):
+        m = torch.nn.Linear(3, 2).to(device)
+        getattr(m, register)(lambda *a: (_ for _ in ()).throw(RuntimeError(register)))
+        with pytest.raises(RuntimeError, match=register):
+            m(torch.randn(4, 3, device=device, requires_grad=True)).sum().backward()
+
+
+def test_hooks_that_do_not_raise_still_change_gradients():
+    x = torch.randn(5, device=NEURON, requires_grad=True)
+    x.register_hook(lambda g: g * 3)
+    (x * 1).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((5,), 3.0))
+    m = torch.nn.Linear(3, 2).to(NEURON)
+    m.register_full_backward_hook(lambda mod, gi, go: (gi[0] * 0,))
+    inp = torch.randn(4, 3, device=NEURON, requires_grad=True)
+    m(inp).sum().backward()
+    assert inp.grad.abs().sum().item() == 0
+
+
+def test_check_ops_raise_first_in_backward(monkeypatch):
+    real = tensor_module._dispatcher
+
+    def corrupt(func, args, kwargs):
+        out = real(func, args, kwargs)
+        return real(torch.ops.aten.mul.Tensor, (out, 1.01), {}) \
+            if func is torch.ops.aten.tanh_backward.default else out
+
+    monkeypatch.setattr(tensor_module, "_dispatcher", corrupt)
+    x = torch.randn(10, device=NEURON, requires_grad=True)
+    with pytest.raises(debug.OpMismatch, match="tanh_backward"):
+        with debug.check_ops(raise_first=True):
+            x.tanh().sum().backward()
