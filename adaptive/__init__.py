@@ -103,15 +103,26 @@ def explain(last: int = 5) -> str:
     its ops, the user lines they were recorded at, how it ran (op by op, fused: compiled,
     loaded from the disk cache or a cache hit) and its elements."""
     lines = []
-    for reason, count, plan, modes, wheres in list(fusion.history)[-last:]:
-        lines.append(f"region of {count} ops, flushed by {reason}:")
+    for reason, count, plan, modes, wheres, site in list(fusion.history)[-last:]:
+        lines.append(f"region of {count} ops, flushed by {_REASONS.get(reason, reason)} at "
+                     f"{site[0]}:{site[1]}:")
         for g, mode in zip(plan.groups, modes):
-            ops = " | ".join(" -> ".join(plan.names[j] for j in member.nodes)
+            name = lambda j: plan.names[j].removesuffix("_plain")  # noqa: E731  (add_plain: add)
+            ops = " | ".join(" -> ".join(name(j) for j in member.nodes)
                              for member in g.batch)  # (a batch: each member's loop in turn)
-            at = ", ".join(f"{f}:{n}" for f, n in sorted({wheres[j] for j in g.all_nodes()}))
+            by_line: dict = {}
+            for j in g.all_nodes():
+                by_line.setdefault(wheres[j], []).append(name(j))
+            at = ", ".join(f"{f}:{n} ({', '.join(dict.fromkeys(names))})"
+                           for (f, n), names in sorted(by_line.items()))
             elements = sum(prod(member.shape) for member in g.batch)
             lines.append(f"  {ops}  [{mode}, {elements} elements]  at {at}")
     return "\n".join(lines) if lines else "no regions run yet"
+
+
+_REASONS = {"aten::_local_scalar_dense": ".item() or bool() (aten::_local_scalar_dense)",
+            "aten::_to_copy": ".cpu() or .to() (aten::_to_copy)",
+            "data read": "a read of its data (print, .tolist(), .numpy())"}
 
 
 if config.adaptive:

@@ -21,7 +21,7 @@ from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.sourceline import replay_at
+from neuron_eager.ops.sourceline import replay_at, user_frame
 
 from . import codegen, plans, recording, rowgen
 
@@ -498,11 +498,15 @@ def _resolve(region, values, kind, ref):
 
 def _run_ops(region, values, g: Group) -> None:
     """The group's ops one by one, through the normal kernels (their warnings point at the
-    lines that recorded them)."""
-    outer = replay_at(None)
+    lines that recorded them, and so do the profiler's records of their launches)."""
+    outer, clock = replay_at(None), core.clock
+    saved = clock.context
     try:
         for j in g.all_nodes():
-            replay_at(region.nodes[j].where)
+            node = region.nodes[j]
+            replay_at(node.where)
+            if clock.records is not None:
+                clock.context = (_user_name(node), _line(node))
             try:
                 _run_op(region, values, j)
             except Exception as e:
@@ -510,6 +514,21 @@ def _run_ops(region, values, g: Group) -> None:
                 raise
     finally:
         replay_at(outer)
+        clock.context = saved
+
+
+def _user_name(node) -> str:
+    """A recorded op's name as users know it (add, not add_plain)."""
+    return getattr(node.op, "name", "view").removesuffix("_plain")
+
+
+def _fused_label(region, g: Group) -> str:
+    return "fused_" + "_".join(dict.fromkeys(
+        _user_name(region.nodes[j]) for member in g.batch for j in member.nodes))
+
+
+def _line(node) -> str:
+    return "%s:%d" % node.where
 
 
 def _run_op(region, values, j: int) -> None:
@@ -562,7 +581,16 @@ def _run_fused(region, values, g: Group) -> str:
             _run_ops(region, values, member)
     if not fused:
         return "op by op (the kernel did not compile)"
-    core.launch(g.batch_engine, g.elements, g.moved_total)
+    clock = core.clock
+    if clock.records is None:
+        core.launch(g.batch_engine, g.elements, g.moved_total)
+    else:  # the profiler names the fused kernel and the line of its first op (not the flush's)
+        saved = clock.context
+        clock.context = (_fused_label(region, g), _line(region.nodes[g.batch[0].nodes[0]]))
+        try:
+            core.launch(g.batch_engine, g.elements, g.moved_total)
+        finally:
+            clock.context = saved
     stats["hbm_bytes_not_moved"] += g.not_moved_total
     stats["fused_kernels"] += 1
     loaded = codegen.stats["disk_hits"] - loaded  # (of the new kernels, those read from disk)
@@ -671,7 +699,8 @@ def run_region(region, reason: str) -> None:
     flush_reasons[reason] += 1
     # (the places, not the nodes: their weak references would keep torch.utils.swap_tensors
     # from swapping any tensor a region computed)
-    history.append((reason, len(nodes), plan, modes, [node.where for node in nodes]))
+    history.append((reason, len(nodes), plan, modes, [node.where for node in nodes],
+                    user_frame()))  # (the line that made the sync point)
 
 
 def _give_storage(nodes, values, indices) -> None:

@@ -29,7 +29,7 @@ class Planned(NamedTuple):
     params: list
     dtype: torch.dtype | None = None  # None: PyTorch's promotion of the operands decides
     compute: str | None = None
-    shape: tuple | None = None  # a reduction's result shape
+    shape: tuple | None = None  # the result shape (None: the operands' broadcast)
     runner: Callable | None = None  # runner(operands, params, dtype): the eager kernel
 
 
@@ -135,7 +135,8 @@ def masked_fill(x, mask, value):
     else:
         numerics.check_fits(value, x.dtype)
     dtype, compute = E.dtypes_for(masking._MASKED_FILL, [x, mask])
-    return Planned(masking._MASKED_FILL, [x, mask], [value], dtype, compute, None,
+    shape = E.broadcast_shape([mask.shape, x.shape])  # (the CPU's order, for its message)
+    return Planned(masking._MASKED_FILL, [x, mask], [value], dtype, compute, shape,
                    lambda ops, params, to: masking.masked_fill(ops[0], ops[1], value))
 
 

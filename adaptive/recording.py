@@ -53,6 +53,10 @@ class Options:
             raise ValueError(f"foreach_record_min must be an int >= 0, got {elements!r}")
         foreach.RECORD_MIN = elements
 
+    def __repr__(self) -> str:
+        return (f"Options(compile_after={self.compile_after}, max_ops={self.max_ops}, "
+                f"alone_skip={self.alone_skip}, foreach_record_min={self.foreach_record_min})")
+
 
 options = Options()
 

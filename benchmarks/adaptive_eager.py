@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     chosen = [w for w in workloads.WORKLOADS.values()
               if not args.only or w.name in args.only or f"{w.name}:{w.size}" in args.only]
     if not chosen:
-        parser.error(f"no workload matches {args.only}")
+        parser.error(f"no workload matches {args.only}; known: "
+                     f"{', '.join(f'{n}:{size}' for n, size in workloads.WORKLOADS)}")
     print(bench.describe(bench.machine()))
     print(f"{args.warmup} warm-up + {args.repeat} measured steps per mode; ms: median wall "
           f"time per step; launches and MB moved: per step; peak: HBM allocated")

@@ -46,7 +46,7 @@ def per_op_us(fn, reps: int, blocks: int = 7) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--reps", type=int, default=20000)
     args = parser.parse_args()

@@ -27,7 +27,7 @@ from neuron_eager.ops import tensor as T
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="transformer")
     parser.add_argument("--size", default="small")
     parser.add_argument("--steps", type=int, default=20)

@@ -57,7 +57,7 @@ def measure(op: E.Elementwise, n: int) -> tuple[float, int] | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1 << 20, help="elements per loop")
     parser.add_argument("--only", default="", help="comma-separated op names")
     parser.add_argument("--all", action="store_true", help="list vectorised loops too")

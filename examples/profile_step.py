@@ -15,7 +15,7 @@ from neuron_eager import profiler
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="profile_out")
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -8,8 +8,10 @@
 Built-in workloads (neuron_eager/workloads.py): GELU, LayerNorm and softmax chains written
 out as research code writes them (small: 1K elements, medium: 1M), an AdamW step over four
 tensors, an MLP training step and a nanoGPT transformer-block training step. `--script
-path.py:NAME` measures your own: NAME(device) is called once; if it returns a callable, that
-callable runs one step, else NAME(device) itself is called for every step.
+path.py[:NAME]` measures your own (NAME defaults to `step`): NAME(device) is called once per
+mode, after torch.manual_seed(0); if it returns a callable, that callable runs one step, else
+NAME(device) itself is called for every step. Each mode keeps its own random stream, so
+dropout draws the same masks in every mode.
 
 Per workload and mode, over the measured steps after warm-up: host wall time per step
 (median, min, max, interquartile range; each step ends with torch.neuron.synchronize()),
@@ -107,19 +109,23 @@ class Side:
         self.outputs: list = []
         before = self._allocated()
         with adaptive.adaptive_eager(self.on):
+            torch.manual_seed(0)  # (Note [Each mode its own random stream])
             self.step = job.make(self.device)
+        self.rng = _rng_state()
         self.resident = self._allocated() - before
 
     def _allocated(self) -> int:
         return torch.neuron.memory_allocated()
 
     def once(self, measured: bool) -> None:
+        _set_rng_state(self.rng)
         if self.device.type == "cpu":
             start = time.perf_counter()
             out = self.step()
             seconds = time.perf_counter() - start
         else:
             out, seconds = self._device_step(measured)
+        self.rng = _rng_state()
         self.first_s = seconds if self.first_s is None else self.first_s
         if measured:
             self.times.append(seconds)
@@ -168,6 +174,20 @@ class Side:
             "hbm_mb_moved_per_step": self.moved / n / 2**20 if device else None,
             "peak_hbm_mb": self.peak / 2**20 if device else None,
         }
+
+
+# Note [Each mode its own random stream]
+# A script's model is built once per mode and the modes step in turn, so with one global
+# generator each build drew other weights and each mode's dropout other masks: different
+# bits for any script that does not seed itself. So every build starts from seed 0 and each
+# mode keeps its own CPU and device generator states between its steps.
+def _rng_state():
+    return torch.get_rng_state(), torch.neuron.get_rng_state()
+
+
+def _set_rng_state(state) -> None:
+    torch.set_rng_state(state[0])
+    torch.neuron.set_rng_state(state[1])
 
 
 # Note [Peak]
@@ -283,7 +303,8 @@ def _f(value, spec: str, width: int, unit: str = "") -> str:
 
 
 def table(results: list[dict]) -> str:
-    head = (f"{'workload':<13}{'size':>6} |{'cpu ms':>8}{'plain ms':>9}{'adapt ms':>9}"
+    width = max([13] + [len(r["workload"]) for r in results])
+    head = (f"{'workload':<{width}}{'size':>6} |{'cpu ms':>8}{'plain ms':>9}{'adapt ms':>9}"
             f"{'a/p':>7} |{'launches p/a':>14}{'a/p':>7} |{'device ms p/a':>16}{'a/p':>7} |"
             f"{'MB moved p/a':>15} |{'peak MB p/a':>13} |{'compile':>8} | bits")
     lines = [head]
@@ -299,7 +320,7 @@ def table(results: list[dict]) -> str:
 
         bits = {True: "same", False: "DIFFERENT", None: "-"}[r.get("same_bits")]
         lines.append(
-            f"{r['workload'][:13]:<13}{r['size']:>6} |{_f(wall(cpu), '.2f', 8)}"
+            f"{r['workload']:<{width}}{r['size']:>6} |{_f(wall(cpu), '.2f', 8)}"
             f"{_f(wall(plain), '.2f', 9)}{_f(wall(fast), '.2f', 9)}"
             f"{_f(ratio.get('wall'), '.2f', 6, 'x')} |"
             f"{_f(get(plain, 'launches_per_step'), '.0f', 7)}"
@@ -363,9 +384,12 @@ def main(argv=None) -> int:
                      help="small and medium sizes, 4 warm-up + 11 measured steps per mode")
     parser.add_argument("--workloads", default="",
                         help=f"comma-separated, from {', '.join(workloads.names())} (default all)")
-    parser.add_argument("--sizes", default="", help="comma-separated: small, medium")
+    parser.add_argument("--sizes", default="", help="comma-separated: small, medium (for the "
+                        "chains 1K and 1M elements; also accepted as 1K, 1M)")
     parser.add_argument("--script", action="append", default=[], metavar="PATH[:NAME]",
-                        help="your own workload (repeatable); see the description above")
+                        help="your own workload (repeatable): NAME(device) (default `step`) "
+                        "builds it, seeded with 0 per mode, and returns a function running "
+                        "one step (or is itself called for every step)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: cpu, plain, "
                         "adaptive (default all)")
     parser.add_argument("--warmup", type=int, help="steps per mode before measuring")
@@ -377,9 +401,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     preset = FULL if args.full else QUICK
-    sizes = tuple(s for s in args.sizes.split(",") if s) or preset["sizes"]
+    aliases = {label: size for size, label in _CHAIN_SIZES.items()}  # 1K -> small, 1M -> medium
+    sizes = tuple(aliases.get(s, s) for s in args.sizes.split(",") if s) or preset["sizes"]
     if any(s not in SIZES for s in sizes):
-        parser.error(f"--sizes takes {', '.join(SIZES)}")
+        parser.error(f"--sizes takes {', '.join(SIZES)} (the chains' 1K and 1M)")
     modes = tuple(m for m in args.modes.split(",") if m)
     if not modes or any(m not in MODES for m in modes):
         parser.error(f"--modes takes {', '.join(MODES)}")

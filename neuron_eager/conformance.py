@@ -14,6 +14,7 @@ Needs the `expecttest` package (in the test extra) to import PyTorch's op databa
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 import time
@@ -270,10 +271,26 @@ def coverage_markdown(results: list[Result], summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def _dtypes(parser, option: str, text: str) -> list[torch.dtype]:
+    names = [_DTYPE_ALIASES.get(d.strip(), d.strip()) for d in text.split(",") if d.strip()]
+    bad = [d for d in names if d not in DTYPES]
+    if bad or not names:
+        parser.error(f"{option}: {', '.join(bad) or 'nothing'} is not one of "
+                     f"{', '.join(DTYPES)} (or fp32, bf16, fp16)")
+    return [DTYPES[d] for d in names]
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", default="", help="comma-separated OpInfo names (default all)")
-    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser = argparse.ArgumentParser(prog="neuron-eager conformance",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="", help="comma-separated OpInfo names, e.g. add, "
+                        "nn.functional.gelu, or a variant as max.reduction_with_dim (default all)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES),
+                        help=f"comma-separated, from {', '.join(DTYPES)} (or fp32, bf16, fp16; "
+                        f"default all)")
     parser.add_argument("--mode", choices=["forward", "backward", "both"], default="forward")
     parser.add_argument("--backward-dtypes", default="float32",
                         help="dtypes whose gradients are checked (default float32)")
@@ -288,14 +305,20 @@ def main(argv=None) -> int:
     from torch.testing._internal.common_methods_invocations import op_db
 
     wanted = {name for name in args.ops.split(",") if name}
+    known = {i.name for i in op_db} | {_op_name(i) for i in op_db}
+    for name in sorted(wanted - known):
+        near = sorted(k for k in known if k.endswith("." + name)) or \
+            difflib.get_close_matches(name, known, n=3)
+        parser.error(f"--ops: no OpInfo named {name!r}" +
+                     (f"; did you mean {', '.join(near)}?" if near else ""))
     infos = [i for i in op_db if not wanted or i.name in wanted or _op_name(i) in wanted]
-    dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+    dtypes = _dtypes(parser, "--dtypes", args.dtypes)
     modes = ["forward", "backward"] if args.mode == "both" else [args.mode]
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
     deadline = time.perf_counter() + args.budget
     results: list[Result] = []
-    backward_dtypes = [DTYPES[d] for d in args.backward_dtypes.split(",")]
+    backward_dtypes = _dtypes(parser, "--backward-dtypes", args.backward_dtypes)
     jobs = [(info, dtype, mode) for info in infos for mode in modes
             for dtype in (dtypes if mode == "forward" else
                           [d for d in dtypes if d in backward_dtypes])]

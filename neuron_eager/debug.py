@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -44,11 +45,17 @@ class Finding:
     excess: float  # the largest amount by which |neuron - cpu| passed its allowance
     scale: float  # max |cpu| of that output
     inputs: list = field(default_factory=list)  # (shape, stride, dtype) or the value
+    backward_of: str | None = None  # in backward: the autograd node (its forward op's line
+    # is `where`, when check_ops saw that op run)
 
     def __str__(self) -> str:
-        return (f"{self.op} output {self.output} at {self.where[0]}:{self.where[1]}: off by "
-                f"{self.excess:.3g} beyond tolerance (output scale {self.scale:.3g}); "
-                f"inputs {self.inputs}")
+        at = f"{self.where[0]}:{self.where[1]}"
+        if self.backward_of is not None:
+            at = f"{self.backward_of} (backward of the op at {at})" if self.where[1] else \
+                f"{self.backward_of} (in backward: run the forward inside check_ops too to " \
+                f"see its line)"
+        return (f"{self.op} output {self.output} at {at}: off by {self.excess:.3g} beyond "
+                f"tolerance (output scale {self.scale:.3g}); inputs {self.inputs}")
 
 
 class OpMismatch(RuntimeError):
@@ -70,6 +77,17 @@ class check_ops(TorchDispatchMode):
         self.rtol, self.atol, self.raise_first = rtol, atol, raise_first
         self.checked = 0  # ops compared
         self.findings: list[Finding] = []
+        self._lines = _ForwardLines()
+
+    def __enter__(self):
+        self._lines.__enter__()  # (so backward findings can name their forward line)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._lines.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         try:
@@ -94,10 +112,10 @@ class check_ops(TorchDispatchMode):
         got, want = tree_flatten(out)[0], tree_flatten(expected)[0]
         for i, (a, b) in enumerate(zip(got, want)):
             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-                self._compare(func, i, a, b, args, kwargs)
+                self._compare(func, i, a, b, args, kwargs, host_args)
         return out
 
-    def _compare(self, func, index, got, want, args, kwargs) -> None:
+    def _compare(self, func, index, got, want, args, kwargs, host_args) -> None:
         with _disable_current_modes():
             got = got.detach().cpu()
             want = want.detach()
@@ -114,13 +132,22 @@ class check_ops(TorchDispatchMode):
                 atol = self.atol if self.atol is not None else atol
                 g, w = got.double(), want.double()
                 scale = float(w.abs().nan_to_num(0, 0, 0).max())
+                # a reduction's rounding is relative to what it summed: a loss that sums to
+                # about 0 must not flag its last bits
+                for a in host_args:
+                    if isinstance(a, torch.Tensor) and a.numel() > want.numel() and \
+                            a.dtype.is_floating_point:
+                        scale = max(scale, float(a.double().abs().nan_to_num(0, 0, 0).max()))
                 same_nan = g.isnan() & w.isnan()
                 allowance = rtol * w.abs() + atol * scale
                 over = ((g - w).abs() - allowance).masked_fill(same_nan | (g == w), 0)
                 excess = float(over.nan_to_num(float("inf")).max())
         if excess > 0:
-            finding = Finding(str(func), index, user_frame(), excess, scale,
-                              _describe(args, kwargs))
+            where, node = user_frame(), torch._C._current_autograd_node()
+            finding = Finding(str(func), index, where, excess, scale, _describe(args, kwargs))
+            if node is not None:  # in backward: the line of the forward op it differentiates
+                finding.backward_of = node.name()
+                finding.where = node.metadata.get("neuron_where", where)
             self.findings.append(finding)
             if self.raise_first:
                 raise OpMismatch(finding)
@@ -133,6 +160,18 @@ class check_ops(TorchDispatchMode):
                  f"outside tolerance; the worst {len(worst)} (relative to their scale):"]
         lines += [f"  {f}" for f in worst]
         return "\n".join(lines)
+
+
+class _ForwardLines(TorchFunctionMode):
+    """Tags each autograd node made in scope with the user's line that made it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None and \
+                    "neuron_where" not in t.grad_fn.metadata:
+                t.grad_fn.metadata["neuron_where"] = user_frame()
+        return out
 
 
 def _on_neuron(args, kwargs) -> bool:

@@ -63,6 +63,8 @@ def _on_stop(prof) -> None:
 
 
 def _op_name(record, host_name: str | None) -> str:
+    if type(record.op) is str:  # what adaptive eager ran: a fused kernel, or a recorded op
+        return "neuron::" + record.op
     if record.op is not None:
         return "neuron::" + record.op.overloadpacket.__name__
     if host_name and "::" in host_name:  # launched outside the router (factories, copies)

@@ -100,6 +100,25 @@ def test_user_script(tmp_path):
     assert not (out / "bench.png").exists()
 
 
+def test_an_unseeded_script_with_dropout_computes_the_same_bits_in_every_mode(tmp_path):
+    """Note [Each mode its own random stream]: random weights and dropout masks alike."""
+    script = tmp_path / "noisy.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+
+        def step(device):
+            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3),
+                                        torch.nn.Linear(16, 2)).to(device)
+            x = torch.randn(4, 8).to(device)
+            return lambda: model(x).sum()
+    """))
+    out = tmp_path / "out"
+    assert bench.main(["--script", str(script), "--warmup", "1", "--repeat", "3", "--out",
+                       str(out), "--no-plot"]) == 0
+    (r,) = json.loads((out / "bench.json").read_text())["results"]
+    assert r["workload"] == "noisy:step" and r["same_bits"] is True
+
+
 def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--sizes", "huge"])

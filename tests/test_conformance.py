@@ -51,3 +51,14 @@ def test_sampled_conformance_stays_above_the_floor(tmp_path):
                 if r["status"] in ("mismatch", "error")]
     assert summary["native_rate"] >= floor["forward_native_floor"], failures
     assert summary["with_fallback_rate"] >= floor["forward_with_fallback_floor"], failures
+
+
+def test_unknown_op_names_and_dtypes_are_refused_with_suggestions(capsys):
+    import pytest
+
+    for argv, expected in ((["--ops", "gelu"], "did you mean nn.functional.gelu"),
+                           (["--dtypes", "float32,int8"], "int8 is not one of")):
+        with pytest.raises(SystemExit) as exit_:
+            conformance.main(argv)
+        assert exit_.value.code == 2 and expected in capsys.readouterr().err
+    assert conformance._dtypes(None, "--dtypes", "bf16,fp32") == [torch.bfloat16, torch.float32]

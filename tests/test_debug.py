@@ -86,3 +86,23 @@ def test_integer_results_must_match_exactly_and_tolerance_is_settable():
     # exp is within a few ulp, not bit-exact with torch's: zero tolerance may flag it, but
     # the comparison and the sum are integers and exact
     assert all(f.op.startswith("aten.exp") for f in check.findings)
+
+
+def test_a_wrong_backward_op_is_found_at_its_forward_line(monkeypatch):
+    real = tensor_module._dispatcher
+
+    def corrupt(func, args, kwargs):
+        out = real(func, args, kwargs)
+        return real(torch.ops.aten.mul.Tensor, (out, 1.01), {}) \
+            if func is torch.ops.aten.tanh_backward.default else out
+
+    monkeypatch.setattr(tensor_module, "_dispatcher", corrupt)
+    x = torch.linspace(-2, 2, 50).to("neuron").requires_grad_()
+    with debug.check_ops() as check:
+        y = x.tanh()  # the line the backward finding must name
+        y.sum().backward()
+    line = next(n for n, text in enumerate(open(__file__), 1) if "y = x.tanh()  # the" in text)
+    (finding,) = check.findings
+    assert finding.op == "aten.tanh_backward.default" and finding.backward_of == "TanhBackward0"
+    assert finding.where == (__file__, line)
+    assert f"backward of the op at {__file__}:{line}" in str(finding)

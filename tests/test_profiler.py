@@ -177,3 +177,39 @@ def test_no_recording_outside_the_profiler():
     from neuron_eager.ops import router, tensor
 
     assert tensor._dispatcher is router.dispatch
+
+
+def test_adaptive_eager_kernels_are_named_for_what_they_ran():
+    """A fused region's launch is the fused ops at the line of the first, not the op that
+    flushed it; ops a region runs one by one keep their own names and lines."""
+    from neuron_eager import adaptive
+
+    x, w = torch.randn(32, 32, device="neuron"), torch.randn(32, 32, device="neuron")
+    line = test_adaptive_eager_kernels_are_named_for_what_they_ran.__code__.co_firstlineno + 9
+
+    def f():
+        h = torch.tanh(x * 2.0 + 1.0) * 0.5  # line `line`: one fused kernel
+        return h @ w  # flushes the region
+
+    def g():
+        return (x - 3.0).exp().sum()  # line `line + 4`: recorded, then run op by op
+
+    with adaptive.adaptive_eager():
+        for _ in range(3):  # compiled and cached
+            f()
+        torch.neuron.synchronize()
+        with torch.profiler.profile() as fused:
+            f()
+            torch.neuron.synchronize()
+        with torch.profiler.profile() as unfused:  # seen once: not compiled yet
+            g().item()
+
+    def sources(prof):
+        return {r["op"]: r["source"] for r in profiler.metrics(prof)["Kernel"]}
+
+    rows = sources(fused)
+    assert rows["neuron::fused_mul_add_tanh"].endswith(f"test_profiler.py:{line}")
+    assert rows["neuron::mm"].endswith(f"test_profiler.py:{line + 1}")
+    rows = sources(unfused)
+    assert rows["neuron::sub"].endswith(f"test_profiler.py:{line + 4}")
+    assert rows["neuron::exp"].endswith(f"test_profiler.py:{line + 4}")

@@ -189,6 +189,12 @@ def test_repeated_chain_fuses_into_one_kernel():
     assert s["ops_recorded"] == 15 and s["hbm_bytes_not_moved"] > 0
     assert "fused (cache hit)" in adaptive.explain()
     assert "test_adaptive.py" in adaptive.explain()
+    line = test_repeated_chain_fuses_into_one_kernel.__code__.co_firstlineno
+    explained = adaptive.explain(1)
+    # the line that synced (y.cpu()), each op with its line, and users' op names
+    assert f"flushed by .cpu() or .to() (aten::_to_copy) at {__file__}:{line + 14}:" in explained
+    assert f"{__file__}:{line + 4} (mul, add, gelu, relu, sub)" in explained
+    assert "_plain" not in explained
 
 
 def test_a_long_loop_splits_into_kernels_of_one_size_that_share_code():
@@ -394,7 +400,9 @@ def test_errors_raise_at_the_users_line():
             pending + y
         with pytest.raises(NotImplementedError) as dtype_error:
             F.gelu(i)
-        messages.append((str(shape_error.value), str(dtype_error.value)))
+        with pytest.raises(RuntimeError) as mask_error:  # (the CPU names the mask's size first)
+            pending.masked_fill(torch.zeros(3, 2, dtype=torch.bool, device=x.device), 0.0)
+        messages.append((str(shape_error.value), str(dtype_error.value), str(mask_error.value)))
         assert any(str(e.path) == __file__ and "pending + y" in str(e.statement)
                    for e in shape_error.traceback)  # raised by the user's line itself
         same_bits(pending.cpu(), (x.cpu() * 2))  # the region survives the error
