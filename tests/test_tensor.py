@@ -407,6 +407,24 @@ def test_torch_compile_runs_neuron_models_with_eager_results():
     assert model[0].weight.grad is not None and neuron_eager.get_fallback_ops() == {}
 
 
+def test_torch_compile_backend_neuron_is_found_by_name():
+    # neuron_eager/compile.py, through the torch_dynamo_backends entry point: transformers
+    # asks for it by name (generate with a static cache on a neuron model)
+    assert "neuron" in torch._dynamo.list_backends()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = model(x)
+    model.to("neuron")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Dynamo's notes on the graph breaks
+        out = compiled(x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_torch_compile_runs_a_gpt_with_factories_on_the_device():
     # Note [Compiled graphs on neuron]: `torch.arange(T, device=idx.device)` alone in a graph
     # runs through the device, and Dynamo stays out of the factories' kernels (a fresh
