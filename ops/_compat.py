@@ -101,7 +101,7 @@ def install_backward_errors(errors) -> None:
         since = errors.mark()
         try:
             result = run(*args, **kwargs)
-        except RuntimeError as e:
+        except (RuntimeError, TypeError) as e:  # (TypeError: an unpack hook's stand-in)
             kept = errors.claim(e) or errors.claim_hook_error(since)
             if kept is None:
                 raise
@@ -124,6 +124,15 @@ def install_backward_errors(errors) -> None:
              [errors.guarded_hook(h) for h in user_pre_hooks])
 
     hooks.__init__ = __init__
+
+    # saved tensors' unpack hooks (torch.utils.checkpoint's recomputation runs in one)
+    saved = graph.saved_tensors_hooks
+    saved_init = saved.__init__
+
+    def saved_tensors_hooks_init(self, pack_hook, unpack_hook):
+        saved_init(self, pack_hook, errors.guarded_unpack(unpack_hook))
+
+    saved.__init__ = saved_tensors_hooks_init
 
 
 def install_compile_shim() -> None:

@@ -78,7 +78,10 @@ def claim(error: BaseException) -> BaseException | None:
 # with neuron gradients, an exception is kept and the hook returns None (the gradient
 # unchanged); backward runs to its end and the wrapper of its entry point raises the kept
 # exception there. Unlike the CPU, the rest of backward runs first (gradients of other
-# leaves accumulate).
+# leaves accumulate). A saved tensor's unpack hook (torch.utils.checkpoint recomputes the
+# forward in one, and a neuron op failing there raises in it) must return a tensor, so it
+# returns a stand-in instead: torch refuses it with a TypeError of its own, which stops
+# backward at once, and the wrapper raises the kept exception in its place.
 _from_hooks: dict[int, BaseException] = {}
 
 
@@ -92,13 +95,39 @@ def guarded_hook(hook):
         except Exception as e:
             if not (in_backward() and _on_neuron(args)):
                 raise
-            with _lock:
-                _from_hooks[next(_tokens)] = e
-                while len(_from_hooks) > KEEP:
-                    _from_hooks.pop(next(iter(_from_hooks)))
+            _keep_hook_error(e)
             return None
 
     return run
+
+
+def guarded_unpack(hook):
+    """A saved_tensors_hooks unpack hook (checkpoint's recomputation runs in one) whose
+    exception in backward is kept and answered with a stand-in that torch refuses, so torch
+    raises its own TypeError at once and backward()'s wrapper raises the kept exception
+    (Note [Hook errors in backward])."""
+
+    @functools.wraps(hook)
+    def run(packed):
+        try:
+            return hook(packed)
+        except Exception as e:
+            if not in_backward():
+                raise
+            _keep_hook_error(e)
+            stand_in = tuple.__new__(_Carrier, ())
+            stand_in.text = f"{type(e).__name__}: {e} (in a saved tensor's unpack hook)"
+            return stand_in
+
+    return run
+
+
+def _keep_hook_error(error: BaseException) -> None:
+    error = claim(error) or error  # a neuron op's error that reached the hook as torch's
+    with _lock:
+        _from_hooks[next(_tokens)] = error
+        while len(_from_hooks) > KEEP:
+            _from_hooks.pop(next(iter(_from_hooks)))
 
 
 def _on_neuron(values) -> bool:

@@ -89,3 +89,40 @@ def test_check_ops_raise_first_in_backward(monkeypatch):
     with pytest.raises(debug.OpMismatch, match="tanh_backward"):
         with debug.check_ops(raise_first=True):
             x.tanh().sum().backward()
+
+
+def test_an_op_failing_in_checkpoints_recomputation(monkeypatch):
+    from torch.utils.checkpoint import checkpoint
+
+    x = torch.randn(6, device=NEURON, requires_grad=True)
+    for reentrant in (False, True):
+        loss = checkpoint(lambda t: (t * 3).sin(), x, use_reentrant=reentrant).sum()
+        _failing(monkeypatch, torch.ops.aten.mul.Tensor, ValueError("refused in recompute"))
+        with pytest.raises(ValueError, match="refused in recompute"):
+            loss.backward()
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("device", ["cpu", NEURON])
+def test_an_unpack_hook_that_raises(device):
+    x = torch.randn(3, device=device, requires_grad=True)
+
+    def unpack(t):
+        raise KeyError("unpack hook")
+
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+        loss = (x * x).sum()
+    with pytest.raises(KeyError, match="unpack hook"):
+        loss.backward()
+    with torch.autograd.graph.save_on_cpu():  # a working pair of hooks still works
+        loss = (x * x).sum()
+    loss.backward()
+    torch.testing.assert_close(x.grad.cpu(), 2 * x.detach().cpu())
+
+
+def test_an_error_in_double_backward(monkeypatch):
+    x = torch.randn(6, device=NEURON, requires_grad=True)
+    (g,) = torch.autograd.grad((x.tanh() ** 2).sum(), x, create_graph=True)
+    _failing(monkeypatch, torch.ops.aten.tanh_backward.default, ValueError("second order"))
+    with pytest.raises(ValueError, match="second order"):
+        g.sum().backward()

@@ -111,4 +111,5 @@ def test_backward_entry_point_and_module_hooks_are_wrapped_once():
     _compat.install_backward_errors(backward_errors)  # idempotent
     assert torch.autograd._engine_run_backward is wrapped
     assert torch.utils.hooks.BackwardHook.__init__ is init
+    assert torch.autograd.graph.saved_tensors_hooks.__init__.__name__ == "saved_tensors_hooks_init"
     assert torch._C._current_graph_task_id() == -1  # outside backward (in_backward relies on it)
