@@ -77,6 +77,7 @@ class check_ops(TorchDispatchMode):
         self.rtol, self.atol, self.raise_first = rtol, atol, raise_first
         self.checked = 0  # ops compared
         self.findings: list[Finding] = []
+        self._raised = 0  # findings already raised (raise_first)
         self._lines = _ForwardLines()
 
     def __enter__(self):
@@ -91,7 +92,12 @@ class check_ops(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         try:
-            return self._check(func, args, kwargs or {})
+            out = self._check(func, args, kwargs or {})
+            if self.raise_first and len(self.findings) > self._raised:
+                self._raised = len(self.findings)
+                # raised here, so pdb's post-mortem opens where `func`, `args` and `out` are
+                raise OpMismatch(self.findings[-1])
+            return out
         except Exception as e:  # (Note [Errors on autograd's thread] in ops/backward_errors.py)
             if backward_errors.in_backward():
                 return backward_errors.carry(e, func)
@@ -149,8 +155,6 @@ class check_ops(TorchDispatchMode):
                 finding.backward_of = node.name()
                 finding.where = node.metadata.get("neuron_where", where)
             self.findings.append(finding)
-            if self.raise_first:
-                raise OpMismatch(finding)
 
     def report(self, limit: int = 10) -> str:
         if not self.findings:
