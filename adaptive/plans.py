@@ -91,10 +91,19 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
             or x.dtype not in _FLOATS or dtype not in _FLOATS or layout not in (None, torch.strided)
             or (device is not None and torch.device(device).type != T.DEVICE.type)
             or memory_format not in (None, torch.preserve_format)
-            or config.auto_cast == "all"):  # the eager cast loads without auto-cast
+            or config.auto_cast == "all"  # the eager cast loads without auto-cast
+            or _odd_contiguous(x)):
         return None
     return Planned(CONVERT, [x], [], dtype, "f32", None,
                    lambda ops, params, to: copy._to_copy(ops[0], dtype=to))
+
+
+def _odd_contiguous(x) -> bool:
+    """Contiguous with other strides than the canonical ones (size-1 dims: `(4, 1)`'s `.t()` is
+    (1, 4) with strides (1, 1)): the eager cast keeps them, as the CPU's does, where a
+    recorded one would be laid out canonically, so such casts run eagerly."""
+    shape = x.shape
+    return 1 in shape and x.stride() != T.contiguous_strides(shape) and x.is_contiguous()
 
 
 # x ** 2 and x ** 3 are products in the pow kernel (ops/arithmetic._pow); recorded as their

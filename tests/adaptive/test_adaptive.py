@@ -673,3 +673,14 @@ def test_a_profiler_stopped_under_adaptive_eager_leaves_no_dispatcher_behind():
         assert any(e.key.startswith("neuron::") for e in prof.key_averages())
     adaptive.disable()
     assert T._dispatcher is plain
+
+
+def test_casts_keep_plain_eagers_strides_on_size_one_dims():
+    """A contiguous tensor with other strides than the canonical ones (`(4, 1)`'s `.t()`):
+    plain eager's cast keeps them, as the CPU's does, so adaptive eager's must too."""
+    x = torch.randn(4, 1).t()
+    plain = x.to("neuron").to(torch.bfloat16)
+    adaptive.enable()
+    recorded = x.to("neuron").to(torch.bfloat16)
+    assert recorded.stride() == plain.stride() == x.to(torch.bfloat16).stride() == (1, 1)
+    same_bits(recorded.cpu(), plain.cpu())
