@@ -106,7 +106,7 @@ def _odd_contiguous(x) -> bool:
     return 1 in shape and x.stride() != T.contiguous_strides(shape) and x.is_contiguous()
 
 
-# x ** 2 and x ** 3 are products in the pow kernel (ops/arithmetic._pow); recorded as their
+# x ** 2 and x ** 3 are products in the pow kernel (ops/power._pow); recorded as their
 # own ops they leave no powf call in a fused loop, which would keep LLVM from vectorizing it.
 SQUARE = E.Elementwise("square", njit(lambda x: x * x))
 CUBE = E.Elementwise("cube", njit(lambda x: x * x * x))

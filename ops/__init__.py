@@ -25,6 +25,7 @@ from neuron_eager.ops import (  # noqa: F401
     optim,
     poisson,
     pooling,
+    power,
     products,
     random,
     recurrent,

@@ -11,8 +11,6 @@ import math
 
 import numpy as np
 import torch
-from numba import types
-from numba.extending import overload
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
@@ -107,12 +105,6 @@ def _no_bool_neg(x):
         raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If "
                            "you are trying to invert a mask, use the `~` or `logical_not()` "
                            "operator instead.")
-
-
-def _no_negative_int_power(x, y):
-    if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and \
-            type(y) is int and y < 0:
-        raise RuntimeError("Integers to negative integer powers are not allowed.")
 
 
 def _integral_only(name):
@@ -273,124 +265,6 @@ def floor_divide(x, y):
 @register(aten.floor_divide_.Tensor, aten.floor_divide_.Scalar)
 def floor_divide_(x, y):
     return _floor(x, y, out=x)
-
-
-@njit(inline="always")
-def _int_pow(x, y):
-    """x ** y for integers (y >= 0: negative powers are refused first) by squaring, wrapping
-    as the CPU's integer kernel does."""
-    result, base = np.int64(1), np.int64(x)
-    while y > 0:
-        if y & 1:
-            result *= base
-        base *= base
-        y >>= 1
-    return result
-
-
-def _pow(x, y):
-    """pow's scalar function: integers stay integers (a branch returning a float would make
-    the whole function float, and overflowing powers saturate instead of wrapping)."""
-
-
-@overload(_pow, inline="always")
-def _pow_typed(x, y):
-    if isinstance(x, types.Integer) and isinstance(y, types.Integer):
-        return lambda x, y: _int_pow(x, y)
-    return lambda x, y: _float_pow(x, y)
-
-
-@njit(inline="always")
-def _float_pow(x, y):
-    # the exponents PyTorch's CPU kernel computes without powf, computed as it does (the same
-    # bits, and sqrt's answers at -inf and -0.0: x ** 0.5 is NaN and -0.0 there)
-    if y == 2:
-        return x * x
-    if y == 3:
-        return x * x * x
-    if y == 0.5:
-        return np.sqrt(x)
-    if y == -0.5:
-        return 1 / np.sqrt(x)
-    if y == -1:
-        return 1 / x
-    if y == -2:
-        return 1 / (x * x)
-    return x ** y
-
-
-_POW = define("pow", lambda x, y: _pow(x, y), engine="scalar")  # (registered below)
-
-
-@njit(inline="always")
-def _int_pow_any(x, y):
-    """x ** y for integers as the CPU's tensor-exponent kernel: a negative power is 0 but
-    for bases 1 and -1."""
-    if y < 0:
-        if x == 1:
-            return np.int64(1)
-        if x == -1:
-            return np.int64(1) if y % 2 == 0 else np.int64(-1)
-        return np.int64(0)
-    return _int_pow(x, y)
-
-
-@njit(inline="always")
-def _float_pow_any(x, y):
-    # C's pow at -0.0 and -inf for the exponents _float_pow computes through sqrt: a tensor
-    # exponent is computed by pow on the CPU (pow(-0.0, 0.5) is 0.0, not sqrt's -0.0)
-    if (y == 0.5 or y == -0.5) and (x == 0 or x == -np.inf):
-        return abs(x) ** y  # (at +-0 and +-inf the sign of x does not matter to pow)
-    return _float_pow(x, y)
-
-
-def _pow_any(x, y):
-    """pow's scalar function for a tensor exponent (pow.Tensor_Tensor, pow.Scalar)."""
-
-
-@overload(_pow_any, inline="always")
-def _pow_any_typed(x, y):
-    if isinstance(x, types.Integer) and isinstance(y, types.Integer):
-        return lambda x, y: _int_pow_any(x, y)
-    return lambda x, y: _float_pow_any(x, y)
-
-
-_POW_ANY = define("pow_tensor", lambda x, y: _pow_any(x, y),
-                  [aten.pow.Tensor_Tensor, aten.pow.Scalar], [aten.pow_.Tensor], engine="scalar")
-
-
-def _pow_scalar_op(dtype: torch.dtype):
-    # the CPU computes fp16 x ** scalar by pow too: no sqrt for 0.5 (pow(-0.0, 0.5) is 0.0)
-    return _POW_ANY if dtype == torch.float16 else _POW
-
-
-@register(aten.pow.Tensor_Scalar)
-def pow_tensor_scalar(x, exponent):
-    _no_negative_int_power(x, exponent)
-    return E.run(_pow_scalar_op(E.result_type(x, exponent)), [x, exponent])
-
-
-@register(aten.pow_.Scalar)
-def pow_scalar_(x, exponent):
-    E.check_castable(E.result_type(x, exponent), x.dtype)
-    _no_negative_int_power(x, exponent)
-    return E.run(_pow_scalar_op(x.dtype), [x, exponent], out=x)
-
-
-pow_tensor_scalar.checks_devices = pow_scalar_.checks_devices = True
-
-
-@E.fusible(aten.pow.Tensor_Scalar)  # the same choices as the kernels (Note [Fusible ops])
-def _pow_tensor_scalar_plan(x, exponent):
-    _no_negative_int_power(x, exponent)
-    return _pow_scalar_op(E.result_type(x, exponent)), [x, exponent], ()
-
-
-@E.fusible_inplace(aten.pow_.Scalar)
-def _pow_scalar_plan_(x, exponent):
-    E.check_castable(E.result_type(x, exponent), x.dtype)
-    _no_negative_int_power(x, exponent)
-    return _pow_scalar_op(x.dtype), [x, exponent], ()
 
 
 @njit

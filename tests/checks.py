@@ -117,3 +117,20 @@ def without_kernel(op):
         KERNELS[op] = kernel
         router._entries.clear()
         router._plans.clear()
+
+
+def corrupt(monkeypatch, op, *, scale=1.0, shift=0.0):
+    """A planted kernel bug for the checkers' tests: the neuron result of `op` comes back as
+    result * scale + shift (computed on the device; `monkeypatch` undoes it)."""
+    from neuron_eager.ops import tensor as tensor_module
+
+    real = tensor_module._dispatcher
+    aten = torch.ops.aten
+
+    def dispatcher(func, args, kwargs):
+        out = real(func, args, kwargs)
+        if func is op:
+            out = real(aten.add.Tensor, (real(aten.mul.Tensor, (out, scale), {}), shift), {})
+        return out
+
+    monkeypatch.setattr(tensor_module, "_dispatcher", dispatcher)

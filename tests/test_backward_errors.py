@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import neuron_eager
 from neuron_eager import debug
 from neuron_eager.ops import tensor as tensor_module
+from checks import corrupt
 
 NEURON = "neuron"
 
@@ -77,14 +78,7 @@ def test_hooks_that_do_not_raise_still_change_gradients():
 
 
 def test_check_ops_raise_first_in_backward(monkeypatch):
-    real = tensor_module._dispatcher
-
-    def corrupt(func, args, kwargs):
-        out = real(func, args, kwargs)
-        return real(torch.ops.aten.mul.Tensor, (out, 1.01), {}) \
-            if func is torch.ops.aten.tanh_backward.default else out
-
-    monkeypatch.setattr(tensor_module, "_dispatcher", corrupt)
+    corrupt(monkeypatch, torch.ops.aten.tanh_backward.default, scale=1.01)
     x = torch.randn(10, device=NEURON, requires_grad=True)
     with pytest.raises(debug.OpMismatch, match="tanh_backward"):
         with debug.check_ops(raise_first=True):

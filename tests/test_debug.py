@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 import neuron_eager  # noqa: F401
 from neuron_eager import debug
-from neuron_eager.ops import tensor as tensor_module
+from checks import corrupt
 
 
 def _model_step(device):
@@ -31,20 +31,12 @@ def test_a_correct_step_has_no_findings_and_backward_ops_are_checked(monkeypatch
 
 
 def test_a_wrong_kernel_is_found_at_the_users_line(monkeypatch):
-    real = tensor_module._dispatcher
-
-    def corrupt_mul(func, args, kwargs):
-        out = real(func, args, kwargs)
-        if func is torch.ops.aten.mul.Tensor:
-            return real(torch.ops.aten.add.Tensor, (out, 1e-3), {})
-        return out
-
-    monkeypatch.setattr(tensor_module, "_dispatcher", corrupt_mul)
+    corrupt(monkeypatch, torch.ops.aten.mul.Tensor, shift=1e-3)
     x = torch.linspace(-2, 2, 50).to("neuron")
     with debug.check_ops() as check:
         y = x * x  # the line the finding must name
         z = y + 1
-    line = test_a_wrong_kernel_is_found_at_the_users_line.__code__.co_firstlineno + 12
+    line = next(n for n, text in enumerate(open(__file__), 1) if "y = x * x  # the line" in text)
     assert [f.op for f in check.findings] == ["aten.mul.Tensor"]
     assert check.findings[0].where[1] == line
     assert check.findings[0].where[0] == __file__
@@ -56,14 +48,7 @@ def test_a_wrong_kernel_is_found_at_the_users_line(monkeypatch):
 def test_raise_first_stops_at_the_wrong_op(monkeypatch):
     import pytest
 
-    real = tensor_module._dispatcher
-
-    def corrupt_exp(func, args, kwargs):
-        out = real(func, args, kwargs)
-        return real(torch.ops.aten.mul.Tensor, (out, 1.01), {}) \
-            if func is torch.ops.aten.exp.default else out
-
-    monkeypatch.setattr(tensor_module, "_dispatcher", corrupt_exp)
+    corrupt(monkeypatch, torch.ops.aten.exp.default, scale=1.01)
     x = torch.linspace(-2, 2, 50).to("neuron")
     ran = []
     with pytest.raises(debug.OpMismatch, match="aten.exp.default") as caught:
@@ -89,14 +74,7 @@ def test_integer_results_must_match_exactly_and_tolerance_is_settable():
 
 
 def test_a_wrong_backward_op_is_found_at_its_forward_line(monkeypatch):
-    real = tensor_module._dispatcher
-
-    def corrupt(func, args, kwargs):
-        out = real(func, args, kwargs)
-        return real(torch.ops.aten.mul.Tensor, (out, 1.01), {}) \
-            if func is torch.ops.aten.tanh_backward.default else out
-
-    monkeypatch.setattr(tensor_module, "_dispatcher", corrupt)
+    corrupt(monkeypatch, torch.ops.aten.tanh_backward.default, scale=1.01)
     x = torch.linspace(-2, 2, 50).to("neuron").requires_grad_()
     with debug.check_ops() as check:
         y = x.tanh()  # the line the backward finding must name
