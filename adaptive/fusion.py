@@ -518,8 +518,7 @@ def _run_ops(region, values, g: Group) -> None:
 
 
 def _user_name(node) -> str:
-    """A recorded op's name as users know it (add, not add_plain)."""
-    return getattr(node.op, "name", "view").removesuffix("_plain")
+    return "view" if node.op is plans.VIEW else E.user_name(node.op)
 
 
 def _fused_label(region, g: Group) -> str:

@@ -142,7 +142,7 @@ def _dtypes_uncached(op: Elementwise, keys):
     for k in keys:
         if isinstance(k, tuple) and k[0] in BAREBONES:
             raise NotImplementedError(
-                f"{_user_name(op)} has no neuron kernel for {k[0]}: PyTorch's {k[0]} is a storage "
+                f"{user_name(op)} has no neuron kernel for {k[0]}: PyTorch's {k[0]} is a storage "
                 f"type (copies and views); convert it first, e.g. x.to(torch.int32)")
     common = _result_type(keys)
     if op.kind == "always_bool":
@@ -324,7 +324,7 @@ def _run_fast(op, kernel, out_arr, args, params, cast, exact, reads_of_out, stre
         workers.split_call(streams and streaming.kernel_for(op.name, out_arr, args) or kernel,
                            out_arr, args)
     if exact:
-        numerics.wrap_int64(out_arr, _user_name(op))
+        numerics.wrap_int64(out_arr, user_name(op))
     return moved
 
 
@@ -445,7 +445,8 @@ def _out_code(dtype: torch.dtype, compute: str) -> str:
     return "i64x" if code == "i64" and compute == "int" else code
 
 
-def _user_name(op: Elementwise) -> str:
+def user_name(op: Elementwise) -> str:
+    """An op's name as users know it (add, not add_plain)."""
     return op.name.removesuffix("_plain")
 
 
@@ -581,7 +582,7 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
     else:
         kernel(out_arr, *args, *cparams)
     if out_code == "i64x":
-        numerics.wrap_int64(out_arr, _user_name(op))
+        numerics.wrap_int64(out_arr, user_name(op))
     moved = out_arr.size * out_arr.itemsize * (1 + aliased) + sum(
         a.size * a.itemsize for a in args if isinstance(a, np.ndarray))
     core.launch(op.engine, n, moved)
