@@ -119,6 +119,24 @@ def test_a_broadcast_mask_joins_the_scores_loop():
     both_modes(lambda: (big * 0.5).masked_fill(mask[0, 0] == 0, 0.0))
 
 
+def test_a_bigger_op_does_not_repeat_a_smaller_group():
+    # two optimizer steps in one region: the weight's ops must not join the bias's group,
+    # whose ops the weight's loop would then repeat once per row
+    bias, weight = rand(8), rand(fusion._REPEAT_LIMIT + 1, 8, seed=1)
+
+    def steps():
+        return bias * 0.9 + 0.1, weight * 0.9 + 0.1
+
+    both_modes(steps)
+    adaptive.enable()
+    for _ in range(2):
+        outs = steps()
+        torch.neuron.synchronize()  # (one region: .cpu() would run one output's part)
+    report = adaptive.explain(1)
+    # two loops (one launch): 8 + 520 elements, not one loop of 520 computing the bias's too
+    assert f"one launch for 2 groups, {bias.numel() + weight.numel()} elements]" in report, report
+
+
 def test_intermediates_kept_alive_are_written():
     x = rand(100)
     adaptive.disable()
