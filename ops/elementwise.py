@@ -9,6 +9,7 @@ op's scalar function runs, and the result is rounded once into the output.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from typing import Callable
 
 import numpy as np
@@ -194,13 +195,6 @@ def _raise_mismatch(shapes):
                                    f"tensor b ({size_b}) at non-singleton dimension {i}")
         a = tuple(torch.broadcast_shapes(a, b))
     torch.broadcast_shapes(*shapes)  # (not reached: some pair failed above)
-
-
-def _strided(t: NeuronTensor, shape, strides) -> np.ndarray:
-    nd = t._nd
-    size = nd.itemsize
-    return np.ndarray(shape, nd.dtype, t._storage.buffer, t.storage_offset() * size,
-                      [s * size for s in strides])
 
 
 def broadcast_strides(t: torch.Tensor, shape) -> list[int]:
@@ -500,14 +494,23 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
         _run_contiguous_into(op, operands, params, out)
     if result is not None:
         return result
+    key = _layout_key(op, operands, out)
+    planned = _planned.get(key) if key is not None else None
+    if planned is not None and (out is None or _no_aliases(operands, out)):
+        plan, result_dtype, strides = planned
+        if out is None:
+            out = T.empty(plan[0], result_dtype, strides)
+        return _launch_planned(plan, operands, params, out)
     for a in operands:
         if isinstance(a, torch.Tensor) and type(a) is not NeuronTensor:
             T.check_foreign(a)
     result_dtype, compute, cast = promotion(op, operands)
     arrays = [a for a in operands if isinstance(a, NeuronTensor)]
     shape = broadcast_shape([a.shape for a in arrays]) if arrays else ()
+    strides = None
     if out is None:
-        out = T.empty(shape, result_dtype, output_strides(arrays, shape))
+        strides = output_strides(arrays, shape)
+        out = T.empty(shape, result_dtype, strides)
     else:
         check_castable(result_dtype, out.dtype)
         if tuple(out.shape) != shape and arrays:
@@ -516,27 +519,77 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
                                    f"broadcast shape {list(broadcast_shape([out.shape, shape]))}")
             shape = tuple(out.shape)
         T.check_no_internal_overlap(out)
-        for a in arrays:
-            T.check_no_partial_overlap(out, a)
-        if any(a is not out and a._storage is out._storage for a in arrays):
+        if not _no_aliases(operands, out):
             # another view of the output's memory: compute aside, then copy (no torn reads)
             tmp = run(op, operands, params, None)
             return copy_into(out, tmp)
-    return launch(op, operands, params, out, shape, compute, cast)
+    plan = _plan_launch(op, operands, out, shape, compute, cast)
+    if plan is None:
+        return _run_sliced(op, operands, params, out)
+    if key is not None:
+        if len(_planned) > 4096:
+            _planned.clear()
+        _planned[key] = (plan, result_dtype, strides)
+    return _launch_planned(plan, operands, params, out)
+
+
+# Note [Planned layouts]
+# An op the contiguous fast path does not take (a broadcast, a transposed or sliced operand)
+# costs a promotion, a broadcast, the output's layout rule, the coalescing of strides and a
+# kernel lookup: ~40 us of Python for a (64, 1024) - (1024,) sub, three times the fast path.
+# All of it follows from the operands' dtypes, shapes and strides (and the numerics
+# settings), so it is planned once per such layout and replayed: a call then checks only
+# what depends on memory (an output sharing an operand's storage) and makes the NumPy views.
+_planned: dict = {}
+
+
+def _layout_key(op, operands, out) -> tuple | None:
+    """What a planned launch depends on; None when it cannot be planned (CPU tensors)."""
+    key = [op, config.numerics_key]
+    for a in operands:
+        kind = type(a)
+        if kind is NeuronTensor:
+            key.append("o" if a is out else (a.dtype, a.shape, a.stride()))
+        elif kind in _SCALAR_TYPES:
+            key.append(kind)
+        else:
+            return None
+    if out is not None:
+        key.append((out.dtype, out.shape, out.stride()))
+    return tuple(key)
+
+
+def _no_aliases(operands, out) -> bool:
+    """Raises the CPU's error for partly overlapping operands; False if an operand other
+    than `out` itself reads out's memory (then the result is computed aside)."""
+    storage, alone = out._storage, True
+    for a in operands:
+        if type(a) is NeuronTensor and a is not out and a._storage is storage:
+            T.check_no_partial_overlap(out, a)
+            alone = False
+    return alone
 
 
 def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute: str,
            cast=None):
     """Run `op` into an allocated `out` (of broadcast `shape`) computing in `compute`,
     Python scalars converted by `cast` (numerics.scalar_cast)."""
+    plan = _plan_launch(op, operands, out, shape, compute, cast)
+    if plan is None:
+        return _run_sliced(op, operands, params, out)
+    return _launch_planned(plan, operands, params, out)
+
+
+def _plan_launch(op: Elementwise, operands, out: NeuronTensor, shape, compute: str, cast):
+    """The layout-only part of a launch: (shape, n, kernel, split, views, args, cast, wrap,
+    moved, engine), where views holds (shape, byte strides) of the output, then of each array
+    operand, and args says where each kernel argument comes from. None: more than 4 dims
+    that do not merge (run slice by slice)."""
     cast = cast or numerics.SCALAR_CAST[compute]
     n = out.numel()
-    if n == 0:
-        return out
-
-    kinds, codes, args = [], [], []
+    kinds, codes, args = [], [], []  # args: ("a", operand) arrays, ("z", k) neuron 0-dim
     aliased = 0  # operands that are `out` itself (Note [In-place loops] in kernelgen.py)
-    for a in operands:
+    for k, a in enumerate(operands):
         if a is out and out.dim():
             kinds.append("o")
             codes.append(numerics.load_code(a.dtype))
@@ -544,65 +597,92 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
         elif isinstance(a, NeuronTensor) and (a.dim() or out.dim() == 0):
             kinds.append("a")
             codes.append(numerics.load_code(a.dtype))
-            args.append(a)
+            args.append(("a", k))
         elif isinstance(a, NeuronTensor):  # a neuron 0-dim tensor in a larger result
             kinds.append("s")
             codes.append(numerics.load_code(a.dtype))
-            args.append(a._nd[()])
+            args.append(("z", k))
         else:  # Python scalar or CPU 0-dim tensor, converted once on the host
-            value = a.item() if isinstance(a, torch.Tensor) else a
             kinds.append("s")
             codes.append("py")
-            args.append(cast(value))
-    contiguous = out.is_contiguous() and all(
-        a.shape == out.shape and a.is_contiguous() for a in args if isinstance(a, NeuronTensor))
-    layout = "c" if contiguous else "s"
-    if contiguous:
-        out_arr = out._nd.reshape(-1)
-        args = [a._nd.reshape(-1) if isinstance(a, NeuronTensor) else a for a in args]
+            args.append(("s", k))
+    tensors = [out] + [operands[k] for kind, k in args if kind == "a"]
+    if all(a.shape == out.shape and a.is_contiguous() for a in tensors):
+        layout = "c"
+        views = [((n,), (a.element_size(),)) for a in tensors]
     else:
-        tensors = [out] + [a for a in args if isinstance(a, NeuronTensor)]
         strides = [list(out.stride())] + [broadcast_strides(a, shape) for a in tensors[1:]]
         order = memory_order(strides[0])  # (a transposed output merges like a plain one)
         cshape, cstrides = kernelgen.coalesce([shape[d] for d in order],
                                               [[st[d] for d in order] for st in strides])
         if len(cshape) > 4:
-            return _run_sliced(op, operands, params, out)
+            return None
         layout, views, array_kinds = _broadcast_views(tensors, cshape, cstrides)
-        out_arr, it, kind_of = views[0], iter(views[1:]), iter(array_kinds[1:])
-        args = [next(it) if isinstance(a, NeuronTensor) else a for a in args]
+        kind_of = iter(array_kinds[1:])
         kinds = [next(kind_of) if kind == "a" else kind for kind in kinds]
     out_code = _out_code(out.dtype, compute)
     kernel = kernelgen.elementwise_kernel(
         op.name, op.fn, op.nparams, tuple(kinds), tuple(codes), compute, out_code, layout,
         config.stochastic_rounding and out.dtype in (torch.bfloat16, torch.float16))
-    cparams = [cast(p) for p in params]
-    if layout != "s" and n >= SPLIT_MIN:
-        workers.split_call(kernel, out_arr, [*args, *cparams])
+    moved = n * out.element_size() * (1 + aliased) + sum(
+        prod(shape_) * a.element_size() for a, (shape_, _) in zip(tensors[1:], views[1:]))
+    return (tuple(shape), n, kernel, layout != "s" and n >= SPLIT_MIN, views, args, cast,
+            out_code == "i64x", moved, op)
+
+
+def _launch_planned(plan, operands, params, out: NeuronTensor) -> NeuronTensor:
+    """Run a planned launch (`_plan_launch`) on these operands' memory."""
+    _, n, kernel, split, views, args, cast, wrap, moved, op = plan
+    if n == 0:
+        return out
+    out_arr = _view_of(out, *views[0])
+    values, k = [], 1
+    for kind, i in args:
+        a = operands[i]
+        if kind == "a":
+            values.append(_view_of(a, *views[k]))
+            k += 1
+        elif kind == "z":
+            values.append(a._nd[()])
+        else:
+            values.append(cast(a.item() if isinstance(a, torch.Tensor) else a))
+    values += [cast(p) for p in params]
+    if split:
+        workers.split_call(kernel, out_arr, values)
     else:
-        kernel(out_arr, *args, *cparams)
-    if out_code == "i64x":
+        kernel(out_arr, *values)
+    if wrap:
         numerics.wrap_int64(out_arr, user_name(op))
-    moved = out_arr.size * out_arr.itemsize * (1 + aliased) + sum(
-        a.size * a.itemsize for a in args if isinstance(a, np.ndarray))
     core.launch(op.engine, n, moved)
     return out
 
 
+def _view_of(t: NeuronTensor, shape, byte_strides) -> np.ndarray:
+    """A NumPy view of t's memory from its first element (strides in bytes)."""
+    dtype = T.STORAGE_DTYPE[t.dtype]
+    return np.ndarray(shape, dtype, t._storage.buffer, t.storage_offset() * dtype.itemsize,
+                      byte_strides)
+
+
 def _broadcast_views(tensors, cshape, cstrides) -> tuple[str, list, tuple]:
-    """(layout, NumPy views, array kinds) of tensors (the output first) over a coalesced shape
-    with their strides there: layout 'b' where it fits (Note [Broadcast rows] in
-    kernelgen.py), else 's' (4-D strided views, kinds all "a")."""
+    """(layout, views, array kinds) of tensors (the output first) over a coalesced shape with
+    their strides there, each view a (shape, byte strides) pair: layout 'b' where it fits
+    (Note [Broadcast rows] in kernelgen.py), else 's' (4-D strided views, kinds all "a")."""
     kinds = kernelgen.broadcast_kinds(cshape, cstrides)
     if kinds is not None:
         rows, cols = cshape
-        views = [_strided(t, *kernelgen.BROADCAST_VIEWS[kind](rows, cols))
+        views = [_in_bytes(t, *kernelgen.BROADCAST_VIEWS[kind](rows, cols))
                  for t, kind in zip(tensors, kinds)]
         return "b", views, kinds
     pad = 4 - len(cshape)
     cshape = [1] * pad + list(cshape)
-    views = [_strided(t, cshape, [0] * pad + st) for t, st in zip(tensors, cstrides)]
+    views = [_in_bytes(t, cshape, [0] * pad + st) for t, st in zip(tensors, cstrides)]
     return "s", views, ("a",) * len(tensors)
+
+
+def _in_bytes(t: NeuronTensor, shape, strides) -> tuple:
+    size = t.element_size()
+    return tuple(shape), tuple(st * size for st in strides)
 
 
 def memory_order(stride) -> list[int]:
@@ -653,7 +733,8 @@ def _launch_converted(dst, src, compute):
                 _launch_converted(dst[i], src[i] if src.dim() == dst.dim() and src.shape[0] > 1
                                   else (src[0] if src.dim() == dst.dim() else src), compute)
             return
-        layout, (out_arr, arr), (_, kind) = _broadcast_views([dst, src], cshape, [so, si])
+        layout, (out_view, view), (_, kind) = _broadcast_views([dst, src], cshape, [so, si])
+        out_arr, arr = _view_of(dst, *out_view), _view_of(src, *view)
     kernel = kernelgen.elementwise_kernel(
         "convert", numerics.identity, 0, (kind,), (numerics.CODE[src.dtype],), compute,
         numerics.CODE[dst.dtype], layout,

@@ -79,3 +79,32 @@ def test_broadcast_conversions_give_the_cpus_bits(rows, dtype):
         want = torch.empty(rows, 1024, dtype=dtype).copy_(vector)
         got = torch.empty(rows, 1024, dtype=dtype, device=N).copy_(vector.to(N))
         _same(got, want)
+
+
+# -- planned layouts (Note [Planned layouts] in ops/elementwise.py) ---------------------------
+def test_a_planned_layout_reads_each_calls_memory_and_scalars():
+    big, w = _rand(10, 8), _rand(4, seed=1)
+    big_n, w_n = big.to(N), w.to(N)
+    for i, scale in enumerate((2.0, -0.5, 3.0)):  # one layout, other offsets and scalars
+        _same(big_n[i:i + 4].t() * w_n * scale, big[i:i + 4].t() * w * scale)
+
+
+def test_a_planned_in_place_layout_still_sees_aliases_and_overlaps():
+    a, b = _rand(4, 8), _rand(4, 8, seed=1)
+    a_n, b_n = a.to(N), b.to(N)
+    for _ in range(2):  # planned: b's memory is not a's
+        a_n.t().add_(b_n.t())
+        a.t().add_(b.t())
+    _same(a_n, a)
+    a_n.t().add_(a_n.t())  # the same layout, now reading the output's own memory
+    a.t().add_(a.t())
+    _same(a_n, a)
+    x, y = _rand(10), _rand(10, seed=1)
+    x_n, y_n = x.to(N), y.to(N)
+    x_n[1:].add_(y_n[:-1])  # planned without overlap
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            x_n[1:].add_(x_n[:-1])
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            x[1:].add_(x[:-1])
+    _same(x_n, x + torch.cat([torch.zeros(1), y[:-1]]))
