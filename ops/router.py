@@ -17,7 +17,7 @@ from functools import partial
 
 import torch
 from torch._decomp import decomposition_table
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
@@ -398,6 +398,7 @@ def cpu_fallback(func, args, kwargs):
     with torch._C._DisableTorchDispatch():
         out = func(*cpu_args, **cpu_kwargs)
     # (after the run: a call the CPU refuses too raises its error, and nothing fell back)
+    _refuse_complex(name, out)
     if name not in _warned:
         _warned.add(name)
         warn_at_user_line(f"Operator '{name}' fell back to CPU")
@@ -420,6 +421,16 @@ def cpu_fallback(func, args, kwargs):
         return T.from_cpu(o)
 
     return tree_map(up, out)
+
+
+def _refuse_complex(name: str, out) -> None:
+    """An op whose result is complex (torch.fft on a real tensor) cannot come back: say which
+    op, rather than only that the dtype is unsupported."""
+    for o in tree_flatten(out)[0]:
+        if isinstance(o, torch.Tensor) and o.is_complex():
+            raise TypeError(f"{name} returns {o.dtype}, which neuron cannot hold: Trainium has "
+                            f"no complex dtypes. Run it on the CPU (`.cpu()` its inputs) and move "
+                            f"real results, such as `.abs()` or `.real`, back to neuron.")
 
 
 def clear_op_tracking() -> None:

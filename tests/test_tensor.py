@@ -230,6 +230,11 @@ def test_unsupported_layouts_and_dtypes_are_refused_clearly():
         torch.ones(2, dtype=torch.complex64).to("neuron")
     with pytest.raises(TypeError, match="complex"):
         torch.zeros(2, dtype=torch.complex64, device="neuron")
+    # an op that makes complex results from real ones names itself, and nothing falls back
+    before = neuron_eager.get_fallback_ops()
+    with pytest.raises(TypeError, match=r"aten::_fft_r2c returns torch.complex64"):
+        torch.fft.rfft(torch.ones(8, device="neuron"))
+    assert neuron_eager.get_fallback_ops() == before
 
 
 def test_float64_warns_once_and_computes_in_float32():
