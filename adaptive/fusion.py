@@ -409,9 +409,8 @@ def _lay_out(region, g: Group) -> None:
         views = [kernelgen.BROADCAST_VIEWS[kind](*cshape) for kind in kinds]
         kinds = kinds[len(g.stored):]
     else:
-        pad = 4 - len(cshape)
         layout, kinds = "s", ()
-        views = [(tuple([1] * pad + cshape), tuple([0] * pad + st)) for st in cstrides]
+        views = [kernelgen.strided_4d(cshape, st) for st in cstrides]
     stores = tuple((local[j], k) for k, j in enumerate(g.stored))
     # an input that is the very memory and layout an in-place result is written to is read
     # through that output (Note [In-place loops] in ops/kernelgen.py)
@@ -629,7 +628,7 @@ def _run_kernel(region, values, g: Group, split: bool) -> bool:
         return True
     layout = g.spec[0]  # flat loops split by elements, row kernels by rows (2-D views)
     if split and prod(g.shape) >= E.SPLIT_MIN and (
-            layout in ("c", "b") or (layout == "r" and args[0].shape[0] > 1)):
+            E.splits(layout, args[0].shape) if layout != "r" else args[0].shape[0] > 1):
         workers.split_call(kernel, args[0], args[1:])
     else:
         kernel(*args)

@@ -626,8 +626,14 @@ def _plan_launch(op: Elementwise, operands, out: NeuronTensor, shape, compute: s
         config.stochastic_rounding and out.dtype in (torch.bfloat16, torch.float16))
     moved = n * out.element_size() * (1 + aliased) + sum(
         prod(shape_) * a.element_size() for a, (shape_, _) in zip(tensors[1:], views[1:]))
-    return (tuple(shape), n, kernel, layout != "s" and n >= SPLIT_MIN, views, args, cast,
-            out_code == "i64x", moved, op)
+    return (tuple(shape), n, kernel, n >= SPLIT_MIN and splits(layout, views[0][0]), views,
+            args, cast, out_code == "i64x", moved, op)
+
+
+def splits(layout: str, out_shape) -> bool:
+    """Whether a large loop of this layout runs in slices: a strided one when its outermost
+    dim can be cut (Note [Strided loops in slices] in kernelgen.py)."""
+    return layout != "s" or out_shape[0] > 1
 
 
 def _launch_planned(plan, operands, params, out: NeuronTensor) -> NeuronTensor:
@@ -666,17 +672,19 @@ def _view_of(t: NeuronTensor, shape, byte_strides) -> np.ndarray:
 
 def _broadcast_views(tensors, cshape, cstrides) -> tuple[str, list, tuple]:
     """(layout, views, array kinds) of tensors (the output first) over a coalesced shape with
-    their strides there, each view a (shape, byte strides) pair: layout 'b' where it fits
-    (Note [Broadcast rows] in kernelgen.py), else 's' (4-D strided views, kinds all "a")."""
+    their strides there, each view a (shape, byte strides) pair: 'c' where they all merge to
+    one unit-stride dim (a transposed tensor alone, or with operands of its layout), 'b'
+    where it fits (Note [Broadcast rows] in kernelgen.py), else 's' (4-D strided views);
+    kinds all "a" but under 'b'."""
+    if len(cshape) == 1 and all(st[0] == 1 for st in cstrides):
+        return "c", [_in_bytes(t, cshape, (1,)) for t in tensors], ("a",) * len(tensors)
     kinds = kernelgen.broadcast_kinds(cshape, cstrides)
     if kinds is not None:
         rows, cols = cshape
         views = [_in_bytes(t, *kernelgen.BROADCAST_VIEWS[kind](rows, cols))
                  for t, kind in zip(tensors, kinds)]
         return "b", views, kinds
-    pad = 4 - len(cshape)
-    cshape = [1] * pad + list(cshape)
-    views = [_in_bytes(t, cshape, [0] * pad + st) for t, st in zip(tensors, cstrides)]
+    views = [_in_bytes(t, *kernelgen.strided_4d(cshape, st)) for t, st in zip(tensors, cstrides)]
     return "s", views, ("a",) * len(tensors)
 
 
@@ -739,7 +747,7 @@ def _launch_converted(dst, src, compute):
         "convert", numerics.identity, 0, (kind,), (numerics.CODE[src.dtype],), compute,
         numerics.CODE[dst.dtype], layout,
         config.stochastic_rounding and dst.dtype in (torch.bfloat16, torch.float16))
-    if layout != "s" and dst.numel() >= SPLIT_MIN:  # one slice per core, as the ops
+    if dst.numel() >= SPLIT_MIN and splits(layout, out_arr.shape):  # a slice per core
         workers.split_call(kernel, out_arr, [arr])
     else:
         kernel(out_arr, arr)

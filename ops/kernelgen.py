@@ -160,6 +160,23 @@ def _named_fn(name: str):
     return None if op is None else getattr(op.fn, "py_func", op.fn)
 
 
+def strided_4d(shape, strides) -> tuple[tuple, tuple]:
+    """The 4-D form of a coalesced loop for layout 's': size-1 dims go after the outermost
+    dim, so that slicing dim 0 splits a loop of two or more dims over the cores (Note
+    [Strided loops in slices])."""
+    pad = 4 - len(shape)
+    if len(shape) == 1:
+        return (1,) * pad + tuple(shape), (0,) * pad + tuple(strides)
+    return (shape[0], *(1,) * pad, *shape[1:]), (strides[0], *(0,) * pad, *strides[1:])
+
+
+# Note [Strided loops in slices]
+# A loop over a transposed or sliced tensor runs in layout 's' (4 nested loops over strided
+# views). Its dims keep their order with the padding placed after the outermost one, so
+# workers.split_call can cut dim 0 into one slice per core as it cuts contiguous loops: a
+# (1024, 1024) `x.t() * y` ran on one core before.
+
+
 def coalesce(shape, strides_list):
     """Drop size-1 dims and merge dims that are contiguous in every operand.
 

@@ -162,3 +162,34 @@ def test_large_dtype_conversions_split_across_cores_give_the_cpus_bits(dtype):
                       (xd.to(dtype).to(torch.float32).cpu(), x.to(dtype).to(torch.float32))]:
         view = bits.get(want.dtype, want.dtype)
         assert torch.equal(got.view(view), want.view(view))
+
+
+def test_large_strided_loops_split_across_cores_give_the_cpus_bits(monkeypatch):
+    # Note [Strided loops in slices] in ops/kernelgen.py: plain eager's ops, a conversion
+    # and adaptive eager's fused loops over transposed operands
+    from neuron_eager import adaptive
+    from neuron_eager.ops import elementwise as E
+
+    rows = E.SPLIT_MIN // 256 + 3
+    x, y = torch.randn(256, rows), torch.randn(rows, 256)
+    xd, yd = x.to(N), y.to(N)
+    calls, split = [], workers.split_call
+
+    def spy(kernel, out, args):
+        calls.append(out.ndim)
+        return split(kernel, out, args)
+
+    monkeypatch.setattr(workers, "split_call", spy)
+    assert torch.equal((xd.t() * yd).cpu(), x.t() * y)
+    assert torch.equal(xd.t().to(torch.bfloat16).cpu().view(torch.int16),
+                       x.t().to(torch.bfloat16).view(torch.int16))
+    t = xd.t()
+    t.mul_(0.5)  # in place through a transpose
+    assert torch.equal(xd.cpu(), x * 0.5)
+    with adaptive.adaptive_eager():
+        for _ in range(3):  # fused from the second sighting
+            got = ((xd.t() + yd) * 2 - 1).cpu()
+            assert torch.equal(got, (x * 0.5).t().add(y).mul(2).sub(1))
+    # every one ran in slices but the first fused run (it compiles, on one core): 4-D
+    # strided loops, or 1-D where a transposed tensor's loop merges
+    assert len(calls) == 7 and calls.count(4) >= 3
