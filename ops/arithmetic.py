@@ -16,14 +16,15 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.jit import njit
+from neuron_eager.ops.jit import fma, njit
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
 
 
 def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="default",
-           engine="vector", float_only=False, plain=None, check=None, inline=False):
+           engine="vector", float_only=False, plain=None, check=None, inline=False,
+           round_params=False):
     """Register `fn` for the given overloads.
 
     `params` lists (name, default) of the scalar arguments after the operands. `plain`, if
@@ -31,6 +32,8 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
     alpha): calls that pass no parameter use it, one kernel argument fewer. `check`, if
     given, sees the operands first and raises the CPU's error for those it refuses.
     `inline`: Numba inlines `fn` into its loops (Note [Inlined op bodies] in elementwise.py).
+    `round_params`: float parameters are rounded to a bf16/fp16 result's dtype first, as the
+    CPU rounds add's alpha (Note [Fused multiply-adds]).
     """
     op = E.Elementwise(name, njit(fn, inline="always") if inline else njit(fn), len(params),
                        kind, engine, float_only)
@@ -46,6 +49,8 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
         for j, (pname, default) in enumerate(params):
             i = operands + j
             values.append(args[i] if i < len(args) else kwargs.get(pname, default))
+        if round_params and any(type(v) is float for v in values):
+            values = _rounded(values, E.result_type(*args[:operands]))
         return args[:operands], values
 
     if functional:
@@ -85,6 +90,14 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
     return op
 
 
+def _rounded(values, dtype: torch.dtype) -> list:
+    """Float parameters as the CPU converts them for a bf16/fp16 result (through float32)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return values
+    return [torch.tensor(np.float32(v)).to(dtype).item() if type(v) is float else v
+            for v in values]
+
+
 # -- binary arithmetic -------------------------------------------------------------------
 def _is_bool(x) -> bool:
     return x.dtype == torch.bool if isinstance(x, torch.Tensor) else isinstance(x, bool)
@@ -116,13 +129,20 @@ def _integral_only(name):
     return check
 
 
-define("add", lambda x, y, a: x + a * y, [aten.add.Tensor, aten.add.Scalar],
-       [aten.add_.Tensor, aten.add_.Scalar], params=[("alpha", 1)], plain=lambda x, y: x + y)
-define("sub", lambda x, y, a: x - a * y, [aten.sub.Tensor, aten.sub.Scalar],
+# Note [Fused multiply-adds]
+# The CPU's kernels compute x + alpha * y, addcmul and lerp with one rounding (its vector
+# fmadd; GCC contracts the scalar tails too), and its vector loop rounds add's alpha to a
+# bf16/fp16 tensor's dtype first (its scalar tail, a chunk's last n % 32 elements, does not):
+# so do these, bit for bit (tests/ops/test_edge_values.py). addcdiv divides after the
+# multiply, x + (value * a) / b, as the CPU does.
+define("add", lambda x, y, a: fma(a, y, x), [aten.add.Tensor, aten.add.Scalar],
+       [aten.add_.Tensor, aten.add_.Scalar], params=[("alpha", 1)], plain=lambda x, y: x + y,
+       round_params=True)
+define("sub", lambda x, y, a: fma(-a, y, x), [aten.sub.Tensor, aten.sub.Scalar],
        [aten.sub_.Tensor, aten.sub_.Scalar], params=[("alpha", 1)], plain=lambda x, y: x - y,
-       check=_no_bool_sub)
-define("rsub", lambda x, y, a: y - a * x, [aten.rsub.Tensor, aten.rsub.Scalar],
-       params=[("alpha", 1)], check=_no_bool_sub)
+       check=_no_bool_sub, round_params=True)
+define("rsub", lambda x, y, a: fma(-a, x, y), [aten.rsub.Tensor, aten.rsub.Scalar],
+       params=[("alpha", 1)], check=_no_bool_sub, round_params=True)
 define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar],
        [aten.mul_.Tensor, aten.mul_.Scalar])
 define("div", lambda x, y: x / y, [aten.div.Tensor, aten.div.Scalar],
@@ -435,18 +455,19 @@ def clamp_max_(x, max):
 
 
 # -- ternary -----------------------------------------------------------------------------
-define("addcmul", lambda x, a, b, v: x + v * (a * b), [aten.addcmul.default],
+# (Note [Fused multiply-adds])
+define("addcmul", lambda x, a, b, v: fma(v * a, b, x), [aten.addcmul.default],
        [aten.addcmul_.default], operands=3, params=[("value", 1)])
-define("addcdiv", lambda x, a, b, v: x + v * (a / b), [aten.addcdiv.default],
+define("addcdiv", lambda x, a, b, v: x + (v * a) / b, [aten.addcdiv.default],
        [aten.addcdiv_.default], operands=3, params=[("value", 1)])
 
 
 @njit
 def _lerp(x, y, w):
-    # PyTorch's formula: stable near both ends
+    # PyTorch's formula, stable near both ends, with one rounding (Note [Fused multiply-adds])
     if abs(w) < 0.5:
-        return x + w * (y - x)
-    return y - (y - x) * (1 - w)
+        return fma(w, y - x, x)
+    return fma(w - np.float32(1), y - x, y)  # (float32 throughout: lerp is float-only)
 
 
 define("lerp", _lerp.py_func, [aten.lerp.Tensor], [aten.lerp_.Tensor], operands=3)

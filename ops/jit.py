@@ -177,6 +177,29 @@ _compat.unique_numba_symbols()
 _FunctionCache = _compat.numba_function_cache(plain_folder, function_key)
 
 
+@intrinsic
+def fma(typingctx, x, y, z):
+    """x * y + z rounded once (LLVM's llvm.fma, the CPU's vector fmadd) for floats of one
+    type; for integers of one type x * y + z, and for bools z or (x and y)."""
+    if not (x == y == z):
+        return None
+    if isinstance(x, nbtypes.Float):
+        def codegen(context, builder, signature, args):
+            ty = args[0].type
+            fn = builder.module.declare_intrinsic("llvm.fma", [ty],
+                                                  ir.FunctionType(ty, [ty, ty, ty]))
+            return builder.call(fn, args)
+    elif isinstance(x, nbtypes.Integer):
+        def codegen(context, builder, signature, args):
+            return builder.add(builder.mul(args[0], args[1]), args[2])
+    elif isinstance(x, nbtypes.Boolean):
+        def codegen(context, builder, signature, args):
+            return builder.or_(args[2], builder.and_(args[0], args[1]))
+    else:
+        return None
+    return x(x, y, z), codegen
+
+
 # Note [Native calls by symbol]
 # A kernel holding a ctypes function holds its address, which is new in every process, so
 # Numba cannot keep such a kernel on disk and every process compiled it again (1.8 s for a

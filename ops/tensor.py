@@ -15,6 +15,7 @@ from math import prod
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import OutOfMemory, core
 from neuron_eager.ops import _compat, backward_errors, workers
@@ -235,12 +236,26 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if cls is not NeuronTensor:  # (Note [Subclasses of neuron tensors])
+            args, kwargs = tree_map(plain, (args, kwargs or {}))
         try:
             return _dispatcher(func, args, kwargs or {})
         except Exception as e:  # (Note [Errors on autograd's thread] in backward_errors.py)
             if backward_errors.in_backward():
                 return backward_errors.carry(e, func)
             raise
+
+    def as_subclass(self, cls):
+        # (Note [Subclasses of neuron tensors])
+        kind = subclass_with_neuron(cls)
+        if kind is None:
+            return super().as_subclass(cls)
+        self._storage  # noqa: B018  (a pending result of adaptive eager is computed first)
+        _alias_class.kind = kind
+        try:
+            return super().as_subclass(kind)
+        finally:
+            _alias_class.kind = None
 
     def register_hook(self, hook):
         # (Note [Hook errors in backward] in backward_errors.py)
@@ -403,6 +418,62 @@ _dispatcher = _dispatch_not_ready
 _saving = threading.local()
 
 
+# Note [Subclasses of neuron tensors]
+# `t.as_subclass(Image)` (torchvision's tv_tensors, any Tensor subclass that only overrides
+# __torch_function__) makes torch alias `t` and give the alias the class Image. A neuron
+# tensor's alias is already a NeuronTensor object, which torch refuses to turn into an
+# Image, so the alias is made as an instance of a class deriving from both, (Image,
+# NeuronTensor): an Image by isinstance and by its methods, stored and dispatched as a
+# neuron tensor. Kernels take plain neuron tensors, so __torch_dispatch__ hands them aliases
+# of such operands (the same memory and layout); results are plain neuron tensors, which
+# Image's __torch_function__ wraps as it does on the CPU.
+_alias_class = threading.local()  # the class aten.alias gives its result, in as_subclass
+_alias_class.kind = None
+_with_neuron: dict = {}
+
+
+def subclass_with_neuron(cls):
+    """The class of `as_subclass(cls)` of a neuron tensor; None where torch's own answer
+    holds (torch.Tensor and NeuronTensor, non-Tensor classes, a class with its own
+    __torch_dispatch__)."""
+    if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)) or \
+            issubclass(NeuronTensor, cls):
+        return None
+    if issubclass(cls, NeuronTensor):
+        return cls
+    if any("__torch_dispatch__" in vars(k) for k in cls.__mro__
+           if k not in (torch.Tensor, torch._C.TensorBase)):
+        return None
+    kind = _with_neuron.get(cls)
+    if kind is None:
+        kind = _with_neuron[cls] = type(cls.__name__, (cls, NeuronTensor),
+                                        {"__module__": cls.__module__, "_user_class": cls})
+        # (set after creation: torch's metaclass disables a dispatching class's own)
+        kind.__torch_function__ = classmethod(_user_torch_function)
+    return kind
+
+
+def _user_torch_function(kind, func, types, args=(), kwargs=None):
+    """The user class's __torch_function__, run as for that class: it wraps results as the
+    user class, which a neuron result turns into `kind` through as_subclass and a CPU one
+    (`.cpu()`) stays, as on the CPU."""
+    user = kind._user_class
+    types = tuple([getattr(t, "_user_class", t) for t in types])
+    return user.__torch_function__(func, types, args, kwargs)
+
+
+def plain(x):
+    """A subclass instance's data as a plain NeuronTensor (the same memory and layout)."""
+    if type(x) is NeuronTensor or not isinstance(x, NeuronTensor):
+        return x
+    if "_storage" not in x.__dict__ and x.device != DEVICE:
+        raise TypeError(f"a {x.device} tensor of class {type(x).__name__}, which is for neuron "
+                        f"tensors: call as_subclass({type(x)._user_class.__name__}) instead")
+    stride = x.stride()
+    return make_lazy(x._storage, x.shape, stride, x.storage_offset(), x.dtype,
+                     c_contiguous(x.shape, stride))
+
+
 def begin_save() -> None:
     """Start a torch.save: storages copied from here on are shared (nested saves too)."""
     if getattr(_saving, "depth", 0) == 0:
@@ -479,11 +550,12 @@ def make(storage, shape, stride, offset, dtype, requires_grad=False) -> NeuronTe
     return t
 
 
-def make_lazy(storage, shape, stride, offset, dtype, c_contiguous: bool) -> NeuronTensor:
+def make_lazy(storage, shape, stride, offset, dtype, c_contiguous: bool,
+              cls=NeuronTensor) -> NeuronTensor:
     """`make` for views: `_nd` is made on first use (many views are never read on the host:
     autograd's saved transposes, reshapes fed to the next view), and C-contiguity comes
     from the caller, which caches it with the layout."""
-    t = _make_wrapper(NeuronTensor, shape, strides=stride, storage_offset=offset, dtype=dtype,
+    t = _make_wrapper(cls, shape, strides=stride, storage_offset=offset, dtype=dtype,
                       device=DEVICE)
     d = t.__dict__
     d["_storage"], d["_flat"] = storage, None

@@ -121,6 +121,7 @@ def normal_views_of(x):
 
 def make_view(func):
     reaches_out = func is aten.as_strided.default
+    is_alias = func is aten.alias.default
 
     def view(x, *args, **kwargs):
         if type(x) is not NeuronTensor:
@@ -129,6 +130,8 @@ def make_view(func):
         if reaches_out:
             check_in_storage(x, metas[0])
         storage = x._storage
+        if is_alias and T._alias_class.kind is not None:  # in as_subclass
+            return T.make_lazy(storage, *metas[0], cls=T._alias_class.kind)
         with normal_views_of(x):
             outs = [T.make_lazy(storage, *meta) for meta in metas]
         return outs if many else outs[0]

@@ -79,3 +79,41 @@ def test_median_of_no_elements(dtype):
     _same_bits(x.median(), x.to(NEURON).median().cpu())
     if dtype.is_floating_point:
         _same_bits(x.nanmedian(), x.to(NEURON).nanmedian().cpu())
+
+
+_FMA_OPS = {  # (Note [Fused multiply-adds] in ops/arithmetic.py)
+    "add": lambda a, b, c: torch.add(a, b, alpha=0.587),
+    "sub": lambda a, b, c: torch.sub(a, b, alpha=-1.3),
+    "rsub": lambda a, b, c: torch.rsub(a, b, alpha=0.3),
+    "add_": lambda a, b, c: a.clone().add_(b, alpha=0.7),
+    "addcmul": lambda a, b, c: torch.addcmul(a, b, c, value=0.37),
+    "addcdiv": lambda a, b, c: torch.addcdiv(a, b, c, value=-0.37),
+    "lerp": lambda a, b, c: torch.lerp(a, b, 0.3),
+    "lerp big weight": lambda a, b, c: torch.lerp(a, b, 0.8),
+    "lerp tensor": lambda a, b, c: torch.lerp(a, b, c - 1),  # weights on both sides of 0.5
+    "foreach": lambda a, b, c: torch._foreach_add([a, b], [b, c], alpha=0.587)[1],
+    "foreach lerp": lambda a, b, c: torch._foreach_lerp([a], [b], 0.9)[0],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(_FMA_OPS))
+def test_multiply_adds_round_once_as_the_cpu(name, dtype):
+    """A sweep found `add(x, y, alpha=0.587)` 1 ulp off in a fifth of the elements (so
+    torchvision's uint8 saturation was off by a level): the CPU's fmadd rounds once."""
+    # 1024 elements: all in the CPU's vector loop, whose bf16/fp16 add rounds alpha to the
+    # dtype (its scalar tail, the last n % 32 elements of a chunk, keeps it in fp32)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(1024, generator=g) * 10, torch.randn(1024, generator=g) * 3
+    c = torch.rand(1024, generator=g) + 0.5
+    a, b, c = a.to(dtype), b.to(dtype), c.to(dtype)
+    op = _FMA_OPS[name]
+    _same_bits(op(a, b, c), op(a.to(NEURON), b.to(NEURON), c.to(NEURON)).cpu())
+
+
+def test_integer_add_with_alpha_is_exact():
+    a, b = torch.arange(-50, 50, dtype=torch.int32), torch.arange(100, dtype=torch.int32)
+    _same_bits(torch.add(a, b, alpha=3), torch.add(a.to(NEURON), b.to(NEURON), alpha=3).cpu())
+    t, f = torch.tensor([True, False, True]), torch.tensor([False, False, True])
+    _same_bits(torch.add(t, f, alpha=True), torch.add(t.to(NEURON), f.to(NEURON),
+                                                     alpha=True).cpu())
