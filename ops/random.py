@@ -7,7 +7,6 @@ makes them reproducible; the CPU generator is never touched.
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 
@@ -18,7 +17,6 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)

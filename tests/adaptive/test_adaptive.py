@@ -130,7 +130,7 @@ def test_a_bigger_op_does_not_repeat_a_smaller_group():
     both_modes(steps)
     adaptive.enable()
     for _ in range(2):
-        outs = steps()
+        _kept = steps()  # (alive: a region computes only what is referenced)
         torch.neuron.synchronize()  # (one region: .cpu() would run one output's part)
     report = adaptive.explain(1)
     # two loops (one launch): 8 + 520 elements, not one loop of 520 computing the bias's too
