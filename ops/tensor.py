@@ -278,6 +278,14 @@ class NeuronTensor(torch.Tensor):
             raise RuntimeError(f"record_stream: expected a neuron stream, got {stream!r}")
 
     def __reduce_ex__(self, protocol):
+        user = getattr(type(self), "_user_class", None)
+        if user is not None:  # (Note [Subclasses of neuron tensors]) as the CPU saves them
+            func, args = self._reduce_plain()
+            state = {k: v for k, v in self.__dict__.items() if k not in _DATA_ATTRS}
+            return torch._tensor._rebuild_from_type_v2, (func, user, args, state)
+        return self._reduce_plain()
+
+    def _reduce_plain(self):
         # torch.save and pickle: the data travels in CPU storages, through rebuild functions
         # that torch.load(weights_only=True) accepts; loading moves it back to neuron (Note
         # [Saving storages]).

@@ -76,3 +76,16 @@ def test_classes_of_their_own_dispatch_keep_torchs_answer():
     with pytest.raises(RuntimeError, match="already associated to a python object"):
         x.as_subclass(Dispatching)
     assert type(x.as_subclass(torch.Tensor)) is neuron_eager.ops.tensor.NeuronTensor
+
+
+def test_a_saved_subclass_loads_as_that_class(tmp_path):
+    x = torch.randn(2, 3)
+    marked = x.to(N).as_subclass(Marked)
+    marked.note = "kept"  # state a subclass keeps on the object (tv_tensors' box format)
+    torch.save({"t": marked, "cpu": x.as_subclass(Marked)}, tmp_path / "m.pt")
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    got = loaded["t"]
+    assert isinstance(got, Marked) and got.device == N and got.note == "kept"
+    assert torch.equal(got.cpu(), x) and type(loaded["cpu"]) is Marked
+    on_cpu = torch.load(tmp_path / "m.pt", weights_only=False, map_location="cpu")["t"]
+    assert type(on_cpu) is Marked and on_cpu.device.type == "cpu"  # as a CUDA one loads
