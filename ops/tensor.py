@@ -435,8 +435,7 @@ _saving = threading.local()
 # neuron tensor. Kernels take plain neuron tensors, so __torch_dispatch__ hands them aliases
 # of such operands (the same memory and layout); results are plain neuron tensors, which
 # Image's __torch_function__ wraps as it does on the CPU.
-_alias_class = threading.local()  # the class aten.alias gives its result, in as_subclass
-_alias_class.kind = None
+_alias_class = threading.local()  # .kind: the class aten.alias gives its result in as_subclass
 _with_neuron: dict = {}
 
 

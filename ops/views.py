@@ -130,8 +130,9 @@ def make_view(func):
         if reaches_out:
             check_in_storage(x, metas[0])
         storage = x._storage
-        if is_alias and T._alias_class.kind is not None:  # in as_subclass
-            return T.make_lazy(storage, *metas[0], cls=T._alias_class.kind)
+        kind = getattr(T._alias_class, "kind", None) if is_alias else None  # (per thread)
+        if kind is not None:  # in as_subclass
+            return T.make_lazy(storage, *metas[0], cls=kind)
         with normal_views_of(x):
             outs = [T.make_lazy(storage, *meta) for meta in metas]
         return outs if many else outs[0]

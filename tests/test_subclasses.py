@@ -89,3 +89,15 @@ def test_a_saved_subclass_loads_as_that_class(tmp_path):
     assert torch.equal(got.cpu(), x) and type(loaded["cpu"]) is Marked
     on_cpu = torch.load(tmp_path / "m.pt", weights_only=False, map_location="cpu")["t"]
     assert type(on_cpu) is Marked and on_cpu.device.type == "cpu"  # as a CUDA one loads
+
+
+def test_aliases_on_other_threads():
+    import threading
+
+    x, results = torch.randn(3, device=N), []
+    thread = threading.Thread(target=lambda: results.append(
+        (torch.ops.aten.alias(x), x.as_subclass(Marked))))
+    thread.start()
+    thread.join()
+    alias, marked = results[0]
+    assert type(alias) is neuron_eager.ops.tensor.NeuronTensor and isinstance(marked, Marked)
