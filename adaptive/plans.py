@@ -112,13 +112,20 @@ SQUARE = E.Elementwise("square", njit(lambda x: x * x))
 CUBE = E.Elementwise("cube", njit(lambda x: x * x * x))
 
 
+_pow_plans: dict = {}  # (x's dtype, exponent, its type, default dtype) -> planned parts
+
+
 @plan(aten.pow.Tensor_Scalar)
 def pow_scalar(x, exponent):
     generic = E.FUSIBLE[aten.pow.Tensor_Scalar]
     if type(exponent) not in (int, float) or exponent not in (2, 3):
         return generic(x, exponent)
-    op, operands, params = generic(x, exponent)
-    dtype, compute = E.dtypes_for(op, operands)
+    key = (x.dtype, exponent, type(exponent), E.default_dtype())
+    parts = _pow_plans.get(key)
+    if parts is None:  # (GELU's x ** 3 is in every step: its typing is looked up, not redone)
+        op, operands, _ = generic(x, exponent)
+        parts = _pow_plans[key] = (op, *E.dtypes_for(op, operands))
+    op, dtype, compute = parts
     return Planned(SQUARE if exponent == 2 else CUBE, [x], [], dtype, compute, None,
                    lambda ops, params, to: E.run(op, [ops[0], exponent]))
 

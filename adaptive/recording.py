@@ -192,7 +192,7 @@ def _record(plan, args, kwargs):
             return None
         runner = planned.runner
     else:
-        typed = _typed.get((op, sig))
+        typed = _typed.get((op, sig, E.default_dtype()))
         if typed is None:
             typed = _type(op, operands, sig)
         if typed is False:
@@ -227,7 +227,7 @@ def _result_strides(operands, shape):
                                 if type(a) is NeuronTensor])
 
 
-# (op, operand signature from _refs) -> (dtype, compute type, shape, scalar cast), or False:
+# (op, operand signature from _refs, default dtype) -> (dtype, compute type, shape, scalar cast), or False:
 # run eagerly
 _typed: dict = {}
 
@@ -237,7 +237,7 @@ def _type(op, operands, sig):
     what the eager kernel raises."""
     dtype, compute, cast = E.promotion(op, operands)
     shape = E.broadcast_shape([o.shape for o in operands if type(o) is NeuronTensor])
-    typed = _typed[(op, sig)] = (dtype, compute, shape, cast) if 0 not in shape else False
+    typed = _typed[(op, sig, E.default_dtype())] = (dtype, compute, shape, cast) if 0 not in shape else False
     return typed
 
 
@@ -363,7 +363,7 @@ def _record_inplace(plan, args, kwargs):
         old.outs = [r for r in old.outs if r() is not a]
         layout = old.stride  # a's layout stays (Note [In-place layouts])
     else:
-        target = region.input(a)
+        target = refs[0][1]  # (_refs read `a` first: ("i", its input index))
         # a stand-in takes a's data fields (its arrays too): `a` itself becomes pending
         _, _, stride = region.descs[target]
         layout = None if a.is_contiguous() else stride

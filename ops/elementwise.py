@@ -22,6 +22,10 @@ from neuron_eager.ops import tensor as T
 
 NeuronTensor = T.NeuronTensor
 _promotion_cache: dict = {}
+# A Python float meeting an integer tensor, and int_to_float ops, give the default dtype: it
+# is part of every cache key that holds a promoted dtype (torch.set_default_dtype may change
+# it between two calls: Hugging Face sets it while building a model in bf16).
+default_dtype = torch.get_default_dtype
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: it keys the fast-path plans
@@ -128,11 +132,12 @@ def promotion(op: Elementwise, operands):
     Computed on CPU stand-ins (torch.result_type on neuron tensors would dispatch) and
     cached by the operands' (dtype, is-0-dim) or Python scalar type.
     """
-    key = (op.kind, op.float_only, op.name, tuple(
-        (a.dtype, a.dim() == 0) if isinstance(a, torch.Tensor) else type(a) for a in operands))
+    sig = tuple([(a.dtype, a.dim() == 0) if isinstance(a, torch.Tensor) else type(a)
+                 for a in operands])
+    key = (op.kind, op.float_only, op.name, default_dtype(), sig)
     hit = _promotion_cache.get(key)
     if hit is None:
-        hit = _promotion_cache[key] = _dtypes_uncached(op, key[3])
+        hit = _promotion_cache[key] = _dtypes_uncached(op, sig)
     return hit
 
 
@@ -272,7 +277,7 @@ def _run_contiguous(op: Elementwise, operands, params):
 def _fast_new(op: Elementwise, operands):
     """(plan, shape) of `_run_contiguous` for these operands, None if it does not apply."""
     shape = None
-    signature = [op, config.numerics_key]
+    signature = [op, config.numerics_key, default_dtype()]
     for a in operands:
         kind = type(a)
         if kind is NeuronTensor:
@@ -345,7 +350,7 @@ def _fast_into(op: Elementwise, operands, out):
     shape = key[0]
     if not shape:
         return None
-    signature = [op, config.numerics_key, key[1]]
+    signature = [op, config.numerics_key, default_dtype(), key[1]]
     for a in operands:
         kind = type(a)
         if a is out:
@@ -545,7 +550,7 @@ _planned: dict = {}
 
 def _layout_key(op, operands, out) -> tuple | None:
     """What a planned launch depends on; None when it cannot be planned (CPU tensors)."""
-    key = [op, config.numerics_key]
+    key = [op, config.numerics_key, default_dtype()]
     for a in operands:
         kind = type(a)
         if kind is NeuronTensor:

@@ -86,6 +86,21 @@ def test_mixed_dtypes_promote_as_eager():
     both_modes(lambda: (x * y + i, (x + 1.5) * 2, i * 2.5, (i > 0) * x))
 
 
+def test_promotion_follows_a_changed_default_dtype():
+    i = torch.arange(6, device="neuron")
+    saved = torch.get_default_dtype()
+    try:
+        for dtype in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(dtype)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (float64 is computed in float32)
+                both_modes(lambda: ((i * 0.5 + 1).sqrt(), i / 4))
+            with neuron_eager.adaptive_eager():
+                assert (i * 0.5 + 1).sqrt().dtype == dtype
+    finally:
+        torch.set_default_dtype(saved)
+
+
 def test_broadcasts_views_and_zero_dim_operands():
     x = rand(6, 1, 5)
     y = rand(4, 1, seed=1)

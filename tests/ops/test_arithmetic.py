@@ -66,6 +66,25 @@ def test_type_promotion(seed):
     check_op(lambda x, y: x + y, torch.randn(3, dtype=torch.bfloat16), torch.randn(()))
 
 
+@pytest.fixture
+def default_float64():
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(saved)
+
+
+def test_promotion_follows_a_changed_default_dtype(default_float64):
+    i, b = torch.arange(4), torch.tensor([True, False, True, True])
+    n_i, n_b = i.to("neuron"), b.to("neuron")
+    for dtype in (torch.float64, torch.float32, torch.float64):  # cached answers must follow
+        torch.set_default_dtype(dtype)
+        for fn in (lambda x: x * 0.5, torch.sqrt, lambda x: x / 3, lambda x: x ** 0.5,
+                   lambda x: x + 0.5, torch.sigmoid):
+            for cpu, neuron in ((i, n_i), (b, n_b)):
+                assert fn(neuron).dtype == fn(cpu).dtype == dtype
+
+
 @pytest.mark.parametrize("op", [torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge])
 def test_comparisons(op, seed):
     a, b = torch.randint(0, 3, (10,)).float(), torch.randint(0, 3, (10,)).float()
