@@ -192,9 +192,10 @@ def _record(plan, args, kwargs):
             return None
         runner = planned.runner
     else:
-        typed = _typed.get((op, sig, E.default_dtype()))
+        key = (op, sig, E.default_dtype())
+        typed = _typed.get(key)
         if typed is None:
-            typed = _type(op, operands, sig)
+            typed = _type(op, operands, key)
         if typed is False:
             return None
         dtype, compute, shape, cast = typed
@@ -227,17 +228,17 @@ def _result_strides(operands, shape):
                                 if type(a) is NeuronTensor])
 
 
-# (op, operand signature from _refs, default dtype) -> (dtype, compute type, shape, scalar cast), or False:
-# run eagerly
+# (op, operand signature from _refs, default dtype) -> (dtype, compute type, shape, scalar
+# cast), or False: run eagerly
 _typed: dict = {}
 
 
-def _type(op, operands, sig):
+def _type(op, operands, key):
     """The result's dtype, compute type and (broadcast) shape, by PyTorch's rules; raises
     what the eager kernel raises."""
     dtype, compute, cast = E.promotion(op, operands)
     shape = E.broadcast_shape([o.shape for o in operands if type(o) is NeuronTensor])
-    typed = _typed[(op, sig, E.default_dtype())] = (dtype, compute, shape, cast) if 0 not in shape else False
+    typed = _typed[key] = (dtype, compute, shape, cast) if 0 not in shape else False
     return typed
 
 
