@@ -350,7 +350,7 @@ def _fast_into(op: Elementwise, operands, out):
     shape = key[0]
     if not shape:
         return None
-    signature = [op, config.numerics_key, key[1]]  # (in place: out's dtype)
+    signature = [op, config.numerics_key, default_dtype(), key[1]]  # (_fast_new shares the table)
     for a in operands:
         kind = type(a)
         if a is out:
