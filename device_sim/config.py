@@ -60,6 +60,12 @@ class Config:
     # ... and --auto-cast-type: the type they are rounded to ("bf16", "fp16" or "tf32").
     auto_cast_type: str = field(
         default_factory=lambda: os.environ.get("NEURON_EAGER_AUTO_CAST_TYPE", "bf16"))
+    # Large bf16 matmuls: "psum" sums K in chunks of 128 into an fp32 accumulator, as the
+    # Tensor engine does; "cpu" runs torch's CPU bf16 GEMM (about 3x faster with AVX512-BF16
+    # or AMX): still fp32 sums rounded once, but over the whole K in oneDNN's order, with
+    # subnormal products flushed to zero (Note [bf16 GEMM] in ops/matmul.py).
+    bf16_gemm: str = field(default_factory=lambda: os.environ.get("NEURON_EAGER_BF16_GEMM",
+                                                                  "psum"))
     # Large float32 add/sub/mul/div results written with streaming stores (ops/streaming.py):
     # a host-speed setting, the bits are the same either way.
     streaming_stores: bool = field(
@@ -76,7 +82,8 @@ class Config:
 
 
 _CHOICES = {"auto_cast": (("none", "matmult", "all"), "NEURON_EAGER_AUTO_CAST"),
-            "auto_cast_type": (("bf16", "fp16", "tf32"), "NEURON_EAGER_AUTO_CAST_TYPE")}
+            "auto_cast_type": (("bf16", "fp16", "tf32"), "NEURON_EAGER_AUTO_CAST_TYPE"),
+            "bf16_gemm": (("psum", "cpu"), "NEURON_EAGER_BF16_GEMM")}
 _NUMERICS = ("stochastic_rounding", "auto_cast", "auto_cast_type")
 
 

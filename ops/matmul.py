@@ -334,6 +334,56 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
     return res
 
 
+# Note [bf16 GEMM]
+# With config.bf16_gemm = "cpu" (environment NEURON_EAGER_BF16_GEMM=cpu), large bf16
+# products (no C, alpha 1, round-to-nearest-even output) call torch's CPU bf16 GEMM on the
+# operands' own bytes: oneDNN's bf16 kernels form the exact products, sum them in fp32 and
+# round once to bf16. That is Note [PSUM accumulation] but for two things: the fp32 sum runs
+# over the whole K in the micro-kernel's order instead of chunk by chunk, and AVX512-BF16
+# dot products and AMX flush subnormal products to zero. On normal random data 1 to 3 in
+# 10,000 results then differ in the last bit from the default "psum" path; it is about 3x
+# faster on an AVX512-BF16 CPU (benchmarks/large_kernels.py). A probe checks, once per oneDNN
+# setting, that the sums really are fp32 (a row of 1 and 1023 x 2^-9 against ones gives 3.0
+# in fp32 and stays 1.0 summed in bf16), with plain and transposed operands; else "psum".
+_bf16_gemm_sums_fp32: dict = {}
+
+
+def _cpu_bf16_gemm_sums_fp32() -> bool:
+    key = torch.backends.mkldnn.enabled
+    ok = _bf16_gemm_sums_fp32.get(key)
+    if ok is None:
+        x = torch.full((128, 1024), 2.0 ** -9, dtype=torch.bfloat16)
+        x[:, 0] = 1
+        y = torch.ones(1024, 128, dtype=torch.bfloat16)
+        ok = all(bool((torch.mm(p, q) == 3).all())
+                 for p, q in ((x, y), (x.t().contiguous().t(), y), (x, y.t().contiguous().t())))
+        _bf16_gemm_sums_fp32[key] = ok
+    return ok
+
+
+def _bf16_blas_gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor,
+                    b_strides) -> bool:
+    """out = A @ B through torch's CPU bf16 GEMM (Note [bf16 GEMM]); False where it may not."""
+    B1, B2, BR, M, N, K = dims
+    if not (config.bf16_gemm == "cpu" and a.dtype == b.dtype == out.dtype == torch.bfloat16
+            and BR == 1 and M > 1 and N > 1 and M * N * K >= BLAS_MIN_WORK
+            and not config.stochastic_rounding
+            and _cpu_bf16_gemm_sums_fp32()):
+        return False
+    fa = torch.from_numpy(flat(a)).view(torch.bfloat16).as_strided((B1, B2, M, K),
+                                                                    a_strides[:2] + a_strides[3:])
+    fb = torch.from_numpy(flat(b)).view(torch.bfloat16).as_strided((B1, B2, K, N),
+                                                                    b_strides[:2] + b_strides[3:])
+    res = T.cpu_alias(out).view(B1, B2, M, N)
+    for j1 in range(B1):
+        if B2 > 1:
+            torch.bmm(fa[j1], fb[j1], out=res[j1])
+        else:
+            torch.mm(fa[j1, 0], fb[j1, 0], out=res[j1, 0])
+    stats["launches"] += 1
+    return True
+
+
 def gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor, b_strides,
          c: NeuronTensor | None = None, c_strides=(0, 0, 0, 0), alpha=1,
          beta=0) -> NeuronTensor:
@@ -345,9 +395,10 @@ def gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor, b
     if out.numel() == 0:
         return out
     use_c = c is not None and beta != 0
-    res = gemm_values(result_buffer(out), dims, widen(a, True), a_strides, widen(b, True), b_strides,
-                      widen(c) if use_c else None, c_strides, alpha, beta)
-    narrow_into(out, res)
+    if use_c or alpha != 1 or not _bf16_blas_gemm(out, dims, a, a_strides, b, b_strides):
+        res = gemm_values(result_buffer(out), dims, widen(a, True), a_strides, widen(b, True),
+                          b_strides, widen(c) if use_c else None, c_strides, alpha, beta)
+        narrow_into(out, res)
     moved = out._nd.nbytes + sum(x._nd.nbytes for x in (a, b, c)[:2 + use_c])
     B1, B2, BR, M, N, K = dims
     core.launch("tensor", B1 * B2 * BR * M * N * K, moved, matmul=(B1 * B2 * BR, M, K, N),

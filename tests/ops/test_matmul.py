@@ -6,6 +6,7 @@ import torch.nn.functional as F
 import neuron_eager
 from checks import check_op
 from neuron_eager.device_sim import core
+from neuron_eager.ops import matmul
 
 FLOATS = [torch.float32, torch.bfloat16]
 # fp32 sums are taken in a different order than the CPU's BLAS: allow for K rounding steps.
@@ -202,6 +203,42 @@ def test_k_chunks_stay_fp32_when_torch_allows_bf16_matmuls(seed):
     finally:
         torch.backends.mkldnn.matmul.fp32_precision = old
     assert torch.equal(got, ref)
+
+
+@pytest.fixture
+def cpu_bf16_gemm(monkeypatch):
+    monkeypatch.setattr(neuron_eager.config, "bf16_gemm", "cpu")
+
+
+def test_bf16_gemm_cpu_is_torchs_bf16_matmul(cpu_bf16_gemm, seed):
+    # Note [bf16 GEMM]: the same library call on the same bytes as torch's CPU matmul
+    a, b = _rand(140, 300, dtype=torch.bfloat16), _rand(300, 170, dtype=torch.bfloat16)
+    for x, y in ((a, b), (a, b.t().contiguous().t()), (a.t().contiguous().t(), b)):
+        got = torch.mm(x.to("neuron"), y.to("neuron")).cpu()
+        assert torch.equal(got, torch.mm(x, y))
+        torch.testing.assert_close(got, (x.float() @ y.float()).bfloat16())
+    p, q = _rand(2, 3, 64, 96, dtype=torch.bfloat16), _rand(3, 96, 128, dtype=torch.bfloat16)
+    got = torch.matmul(p.to("neuron"), q.to("neuron")).cpu()  # batched, broadcast over dim 0
+    torch.testing.assert_close(got, torch.matmul(p, q), rtol=0, atol=0)
+
+
+def test_bf16_gemm_cpu_keeps_psum_where_it_cannot_apply(cpu_bf16_gemm, seed, monkeypatch):
+    a, b = _exact_chunk_operands(140, 300, 170, torch.bfloat16)
+    ref = torch.from_numpy(_chunked_reference(a.float().numpy(), b.float().numpy()))
+    A, B = a.to("neuron"), b.to("neuron")
+    # with C (addmm, linear's bias) the fp32 accumulator is needed: the K-chunked kernel
+    zero = torch.zeros(170, dtype=torch.bfloat16)
+    assert torch.equal(torch.addmm(zero.to("neuron"), A, B).cpu(), ref.bfloat16())
+    assert not torch.equal(torch.mm(A, B).cpu(), ref.bfloat16())  # else the above proves nothing
+    # and where the probe finds torch's bf16 sums are not fp32
+    monkeypatch.setattr(matmul, "_bf16_gemm_sums_fp32", {True: False, False: False})
+    assert torch.equal(torch.mm(A, B).cpu(), ref.bfloat16())
+
+
+def test_bf16_gemm_setting_is_checked():
+    with pytest.raises(ValueError, match="NEURON_EAGER_BF16_GEMM"):
+        neuron_eager.config.bf16_gemm = "fast"
+    assert neuron_eager.config.bf16_gemm == "psum"
 
 
 def test_stochastic_rounding_rounds_to_a_neighbour(seed):
