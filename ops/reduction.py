@@ -255,11 +255,33 @@ def sum_kernel(src, base, starts, steps, stride, n, out, mean, divisor, part, to
         else:
             s0 = base + starts[r]
             acc_total = cast(0)
-            for b0 in range(0, n, BLOCK):
+            b0 = 0
+            # four blocks side by side, each summed in order (Note [Blocks side by side] in
+            # adaptive/rowgen.py): the same bits as block by block, ~3x faster
+            while b0 + 4 * BLOCK <= n:
+                acc0 = acc1 = acc2 = acc3 = cast(0)
+                for i in range(b0, b0 + BLOCK):
+                    if gathered:
+                        acc0 += load(src[s0 + steps[i]])
+                        acc1 += load(src[s0 + steps[i + BLOCK]])
+                        acc2 += load(src[s0 + steps[i + 2 * BLOCK]])
+                        acc3 += load(src[s0 + steps[i + 3 * BLOCK]])
+                    else:
+                        acc0 += load(src[s0 + i * stride])
+                        acc1 += load(src[s0 + (i + BLOCK) * stride])
+                        acc2 += load(src[s0 + (i + 2 * BLOCK) * stride])
+                        acc3 += load(src[s0 + (i + 3 * BLOCK) * stride])
+                acc_total += acc0
+                acc_total += acc1
+                acc_total += acc2
+                acc_total += acc3
+                b0 += 4 * BLOCK
+            while b0 < n:
                 acc = cast(0)
                 for i in range(b0, min(b0 + BLOCK, n)):
                     acc += load(src[s0 + (steps[i] if gathered else i * stride)])
                 acc_total += acc
+                b0 += BLOCK
         if mean:
             out[r] = store(acc_total / divisor)
         else:

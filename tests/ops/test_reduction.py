@@ -1,5 +1,6 @@
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -247,6 +248,39 @@ def test_long_rows_stay_accurate(seed):
     check_op(lambda t: t.mean(1), x)
     columns = torch.randn(100_000, 3)  # summed column by column, memory read in order
     check_op(lambda t: t.sum(0), columns, rtol=1e-5, atol=1e-3)
+
+
+def _blocked_sums(rows: np.ndarray) -> np.ndarray:
+    """The documented order (ops/reduction.py sum_kernel): each block of 256 summed in order
+    from 0 in fp32, the block sums added in order."""
+    totals = []
+    for row in rows.astype(np.float32):
+        total = np.float32(0)
+        for b0 in range(0, row.size, 256):
+            acc = np.float32(0)
+            for v in row[b0:b0 + 256]:
+                acc = np.float32(acc + v)
+            total = np.float32(total + acc)
+        totals.append(total)
+    return np.array(totals, np.float32)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "gathered"])
+def test_long_rows_sum_in_the_blocked_order(layout, seed):
+    # rows of 2 x 4 blocks and a part: four blocks side by side, then block by block
+    n = 8 * 256 + 300
+    x = torch.randn(32, n) * 10 ** (6 * torch.rand(32, n) - 3)  # any other order rounds otherwise
+    if layout == "contiguous":
+        got, rows = x.to("neuron").sum(1), x.numpy()
+    elif layout == "strided":
+        got, rows = x.t().contiguous().to("neuron").sum(0), x.numpy()
+    else:  # two reduced dims that do not merge: offsets from a table
+        y = x.reshape(32, 4, n // 4).transpose(1, 2).contiguous().to("neuron")
+        got, rows = y.sum((1, 2)), x.reshape(32, 4, n // 4).transpose(1, 2).reshape(32, n).numpy()
+    ref = _blocked_sums(rows)
+    assert np.array_equal(got.cpu().numpy(), ref)
+    one_chain = np.cumsum(rows.astype(np.float32), axis=1, dtype=np.float32)[:, -1]
+    assert not np.array_equal(one_chain, ref)  # else the test could not see the order
 
 
 def test_gradients(seed):
