@@ -362,10 +362,11 @@ def _cpu_bf16_gemm_sums_fp32() -> bool:
 
 
 def _bf16_blas_gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor,
-                    b_strides) -> bool:
+                    b_strides, use_c: bool, alpha) -> bool:
     """out = A @ B through torch's CPU bf16 GEMM (Note [bf16 GEMM]); False where it may not."""
     B1, B2, BR, M, N, K = dims
-    if not (config.bf16_gemm == "cpu" and a.dtype == b.dtype == out.dtype == torch.bfloat16
+    if not (config.bf16_gemm == "cpu" and not use_c and alpha == 1
+            and a.dtype == b.dtype == out.dtype == torch.bfloat16
             and BR == 1 and M > 1 and N > 1 and M * N * K >= BLAS_MIN_WORK
             and not config.stochastic_rounding
             and _cpu_bf16_gemm_sums_fp32()):
@@ -395,7 +396,7 @@ def gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor, b
     if out.numel() == 0:
         return out
     use_c = c is not None and beta != 0
-    if use_c or alpha != 1 or not _bf16_blas_gemm(out, dims, a, a_strides, b, b_strides):
+    if not _bf16_blas_gemm(out, dims, a, a_strides, b, b_strides, use_c, alpha):
         res = gemm_values(result_buffer(out), dims, widen(a, True), a_strides, widen(b, True),
                           b_strides, widen(c) if use_c else None, c_strides, alpha, beta)
         narrow_into(out, res)
