@@ -480,8 +480,7 @@ def _lay_out_row(region, g: Group) -> None:
         if kind == "col":
             views[n_out + k] = kernelgen.BROADCAST_VIEWS["col"](rshape[0], cshape[0])
     stores = tuple((local[j], n) for n, j in enumerate(g.stored))
-    long_rows = cshape[0] >= rowgen.LANES * rowgen.BLOCK  # (Note [Blocks side by side])
-    g.spec = ("r", tuple(specs), stores, n_out, len(arrays), len(scalars), long_rows, kinds)
+    g.spec = ("r", tuple(specs), stores, n_out, len(arrays), len(scalars), kinds)
     _finish(region, g, views, arrays, scalars, sum(sizes), bytes_eager)
 
 

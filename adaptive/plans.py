@@ -38,7 +38,7 @@ class Reduction:
     """sum/mean/amax over the trailing `dims` of one operand (a region's last stage).
 
     `eager(x)` runs the plain-eager kernel; the fused row kernel (adaptive/rowgen.py)
-    repeats its accumulation order exactly: blocks of reduction.BLOCK elements for sums,
+    repeats its accumulation order exactly: Note [Sum order] (ops/numerics.py) for sums,
     first-NaN-wins for amax. One instance per (name, dims, keepdim): it keys plans.
     """
 

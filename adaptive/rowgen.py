@@ -5,17 +5,16 @@ Nodes have a role: "full" (one value per element), "row" (one per row: a keepdim
 reduction result and what is computed from it) or "red" (a reduction). Each row is walked
 in passes: pass p computes the full nodes that need the reductions finished in pass p - 1
 (recomputing cheaper earlier full values instead of storing them: Note [Passes]). Sums
-accumulate in blocks of reduction.BLOCK exactly as the eager sum kernel does, and amax
-keeps the first NaN, so the bits are those of plain eager (Note [Bit-identical fusion]).
-When a pass computes transcendentals, reduced values go to a row buffer first: the column
-loop stays free of carried dependencies (vectorizable) and the ordered sum runs over the
-buffer in L1; plain arithmetic passes reduce as they go.
+add in the eager sum kernel's order (Note [Sum order] in ops/numerics.py), and amax keeps
+the first NaN, so the bits are those of plain eager (Note [Bit-identical fusion]). When a
+pass computes transcendentals, reduced values go to a row buffer first and the sum runs
+over the buffer in L1; plain arithmetic passes add each value to its lane as they go.
 """
 from __future__ import annotations
 
 import torch
 
-from neuron_eager.ops import numerics, reduction
+from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 
 # Note [Passes]
@@ -24,7 +23,7 @@ from neuron_eager.ops import tensor as T
 # again and divides. The row (a few KB) stays in cache between passes, so HBM sees x read
 # once and the result written once, where plain eager moves five tensors.
 
-BLOCK = reduction.BLOCK
+SUM_BLOCK, SUM_LANES = numerics.SUM_BLOCK, numerics.SUM_LANES
 
 
 def schedule(nodes) -> tuple[list[int], list[int]]:
@@ -41,11 +40,11 @@ def schedule(nodes) -> tuple[list[int], list[int]]:
 
 def source(spec) -> tuple[str, dict]:
     """Kernel source and recipes for a row group `spec`: ("r", nodes, stores, n_out, n_in,
-    n_scalars, long_rows, kinds); each node is (role, op, operands, compute, out_code) where
+    n_scalars, kinds); each node is (role, op, operands, compute, out_code) where
     `op` is an Elementwise for "full"/"row" nodes and "sum"/"mean"/"amax" for "red" nodes;
     operands as in codegen.source; arrays are 2-D (rows, cols) views, but inputs of kind
     "col" (one value per column, the same for every row) are their 1-D vectors."""
-    _, nodes, stores, n_out, n_in, n_scalars, long_rows, kinds = spec
+    _, nodes, stores, n_out, n_in, n_scalars, kinds = spec
     names = [f"o{k}" for k in range(n_out)] + [f"a{k}" for k in range(n_in)] + \
         [f"s{k}" for k in range(n_scalars)]
     recipes: dict = {}
@@ -55,26 +54,28 @@ def source(spec) -> tuple[str, dict]:
              "    rows, cols = o0.shape[0], o0.shape[1]"]
     lines += [f"    buf{j} = np.empty(cols, np.float32)"
               for j, node in enumerate(nodes) if node[0] == "red"]
+    lines += [f"    ln{j} = np.empty({SUM_LANES}, np.float32)"
+              for j, node in enumerate(nodes) if node[0] == "red" and node[1] != "amax"]
     lines.append("    for r in range(rows):")
 
     # fp16 element values held as their fp32 values (Note [fp16 values stay fp32] in codegen)
     held = {j for j, node in enumerate(nodes) if node[0] != "red" and node[4] == "f16"}
 
-    def local(ref, lane):
-        """The local holding node ref's value: one per lane for full values."""
-        return f"v{ref}{lane}" if nodes[ref][0] == "full" else f"v{ref}"
+    def local(ref):
+        """The local holding node ref's value."""
+        return f"v{ref}"
 
-    def stored(j, lane=""):
+    def stored(j):
         """Node j's local as its output array stores it."""
         if j in held:
             recipes[f"e{j}"] = ("storer", "f16")
-            return f"e{j}({local(j, lane)})"
-        return local(j, lane)
+            return f"e{j}({local(j)})"
+        return local(j)
 
     def element(ref, col):
         return f"a{ref}[{col}]" if kinds[ref] == "col" else f"a{ref}[r, {col}]"
 
-    def value(j, pad, col, lane=""):
+    def value(j, pad, col):
         role, op, operands, compute, out_code = nodes[j]
         recipes[f"st{j}"] = ("rounder", "f16") if j in held else ("storer", out_code)
         args = []
@@ -85,12 +86,12 @@ def source(spec) -> tuple[str, dict]:
             load = "f32" if kind == "v" and ref in held else code[0]
             recipes[f"l{j}_{i}"] = ("loader", load, compute)
             if kind == "v":
-                arg = local(ref, lane)
+                arg = local(ref)
             else:
                 arg = element(ref, col) if kind == "a" else f"s{ref}"
             args.append(f"l{j}_{i}({arg})")
         recipes[f"f{j}"] = ("op", op.name)
-        return f"{pad}{local(j, lane)} = st{j}(f{j}({', '.join(args)}))"
+        return f"{pad}{local(j)} = st{j}(f{j}({', '.join(args)}))"
 
     last = max(avail, default=0)
     work = []  # per pass: (pass, reductions, values computed, values read from a keep buffer)
@@ -126,13 +127,13 @@ def source(spec) -> tuple[str, dict]:
             out = []
             for j in sorted(needed):
                 if j in reused:
-                    out.append(f"{pad}v{j}{lane} = keep{j}[{col}]")
+                    out.append(f"{pad}v{j} = keep{j}[{col}]")
                     continue
-                out.append(value(j, pad, col, lane))
+                out.append(value(j, pad, col))
                 if j in kept and passes[j] == p:
-                    out.append(f"{pad}keep{j}[{col}] = v{j}{lane}")
+                    out.append(f"{pad}keep{j}[{col}] = v{j}")
                 if j in store_of and passes[j] == p:
-                    out.append(f"{pad}o{store_of[j]}[r, {col}] = {stored(j, lane)}")
+                    out.append(f"{pad}o{store_of[j]}[r, {col}] = {stored(j)}")
             for j in reds:
                 out.append(_red_step(j, nodes[j], recipes, j not in streamed, local, element,
                                      pad, col, lane, held))
@@ -142,10 +143,10 @@ def source(spec) -> tuple[str, dict]:
             lines.append("        for c in range(cols):")
             lines += column(" " * 12, "c", "")
         else:
-            lines += _streamed_loops(streamed, column, long_rows)
+            lines += _streamed_loops(streamed, column, recipes)
         for j in reds:
             lines += _sum_result(j, nodes[j][1]) if j in streamed else \
-                _red_end(j, nodes[j][1], recipes, long_rows)
+                _red_end(j, nodes[j][1], recipes)
             if j in store_of:
                 lines.append(f"        o{store_of[j]}[r, 0] = v{j}")
             recipes[f"st{j}"] = ("storer", nodes[j][4])
@@ -167,91 +168,49 @@ def _red_step(j, node, recipes, buffered: bool, local, element, pad: str, col: s
               lane: str, held: set) -> str:
     """Inside a column loop. Buffered: the value goes to the row buffer (no carried
     dependency: LLVM vectorizes the loop; the ordered reduction runs after). Streamed (sums
-    in plain-arithmetic passes): added to its block's partial sum (Note [Blocks side by
-    side])."""
+    in plain-arithmetic passes): added to its lane (Note [Sum order] in ops/numerics.py);
+    `lane` is then the lane's index."""
     _, name, operands, compute, _ = node
     kind, ref, code = operands[0]
     recipes[f"l{j}_0"] = ("loader", "f32" if kind == "v" and ref in held else code, compute)
-    arg = local(ref, lane) if kind == "v" else element(ref, col)
+    arg = local(ref) if kind == "v" else element(ref, col)
     if buffered:
         return f"{pad}buf{j}[{col}] = l{j}_0({arg})"
-    return f"{pad}part{j}{lane} += l{j}_0({arg})"
+    return f"{pad}ln{j}[{lane}] += l{j}_0({arg})"
 
 
-# Note [Blocks side by side]
-# The eager sum adds a row in blocks of BLOCK elements, each block in order into its own
-# partial sum, then the partial sums in block order. Each block is a chain of dependent
-# additions (about 4 cycles apiece), so a streamed pass walks LANES blocks at once, one
-# partial sum per block: the chains overlap, and each partial sum still sees its elements
-# in order. The rest of the row (fewer than LANES whole blocks) goes block by block.
-LANES = 4
-
-
-def _streamed_loops(streamed: list, column, long_rows: bool) -> list[str]:
-    """A streamed pass's loops: LANES blocks side by side (rows of LANES blocks or more:
-    `long_rows`, part of the spec so that short rows compile less), then the rest block by
-    block; `column(pad, col, lane)` gives the lines for one column."""
-    lines = [f"        t{j} = np.float32(0.0)" for j in streamed] + ["        start = 0"]
-    if not long_rows:
-        return lines + _block_by_block(streamed, column)
-    lines += [f"        while start + {LANES * BLOCK} <= cols:"]
-    lines += [f"            part{j}_{k} = np.float32(0.0)" for j in streamed for k in range(LANES)]
-    lines.append(f"            for i in range(start, start + {BLOCK}):")
-    for k in range(LANES):
-        lines += column(" " * 16, f"i + {k * BLOCK}" if k else "i", f"_{k}")
-    lines += [f"            t{j} += part{j}_{k}" for j in streamed for k in range(LANES)]
-    lines.append(f"            start += {LANES * BLOCK}")
-    return lines + _block_by_block(streamed, column)
-
-
-def _block_by_block(streamed: list, column) -> list[str]:
-    lines = ["        while start < cols:"]
-    lines += [f"            part{j} = np.float32(0.0)" for j in streamed]
-    lines.append(f"            for c in range(start, min(start + {BLOCK}, cols)):")
-    lines += column(" " * 16, "c", "")
-    lines += [f"            t{j} += part{j}" for j in streamed]
-    lines.append(f"            start += {BLOCK}")
+def _streamed_loops(streamed: list, column, recipes) -> list[str]:
+    """A streamed pass's loops, in the lanes of Note [Sum order] (ops/numerics.py): whole
+    groups of SUM_LANES columns, one column per lane, then the rest of the block; the lanes
+    are folded at the end of each block. `column(pad, col, lane)` gives the lines for one
+    column. (The lane loop runs to `width`, read from an array: a constant trip count would
+    be unrolled, and the unrolled lanes not vectorized.)"""
+    recipes["fold_lanes"] = ("row", "fold_lanes")
+    lines = [f"        t{j} = np.float32(0.0)" for j in streamed]
+    lines += [f"        width = ln{streamed[0]}.size",
+              f"        for b0 in range(0, cols, {SUM_BLOCK}):",
+              f"            end = min(b0 + {SUM_BLOCK}, cols)",
+              "            for q in range(width):"]
+    lines += [f"                ln{j}[q] = np.float32(0.0)" for j in streamed]
+    lines += [f"            whole = b0 + (end - b0) // {SUM_LANES} * {SUM_LANES}",
+              f"            for c0 in range(b0, whole, {SUM_LANES}):",
+              "                for q in range(width):"]
+    lines += column(" " * 20, "c0 + q", "q")
+    lines.append("            for c in range(whole, end):")
+    lines += column(" " * 16, "c", "c - whole")
+    lines += [f"            t{j} += fold_lanes(ln{j}, min(end - b0, {SUM_LANES}))"
+              for j in streamed]
     return lines
 
 
-def _red_end(j, name, recipes, long_rows: bool) -> list[str]:
-    """After the column loop, over the row buffer: sums in the eager kernel's exact order
-    (Note [Blocks side by side]); amax as Note [Amax by keys]."""
+def _red_end(j, name, recipes) -> list[str]:
+    """After the column loop, over the row buffer: sums in the eager kernel's order (Note
+    [Sum order] in ops/numerics.py); amax as Note [Amax by keys] there."""
     if name == "amax":
-        recipes["f32_as_u32"] = ("bits", "f32_as_u32")
-        recipes["u32_as_f32"] = ("bits", "u32_as_f32")
-        # (names kb/ki/kmax/knan: s{k} are the kernel's scalar arguments)
-        return [f"        kmax{j} = np.int32(-2147483648)",
-                f"        knan{j} = np.uint32(0)",
-                "        for i in range(cols):",
-                f"            kb{j} = f32_as_u32(buf{j}[i])",
-                f"            ki{j} = np.int32(kb{j})",
-                f"            kmax{j} = max(kmax{j}, ki{j} ^ ((ki{j} >> 31) & 0x7FFFFFFF))",
-                f"            knan{j} |= np.uint32((kb{j} & np.uint32(0x7FFFFFFF)) > "
-                "np.uint32(0x7F800000))",
-                f"        m{j} = u32_as_f32(np.uint32(kmax{j} ^ ((kmax{j} >> 31) & 0x7FFFFFFF)))",
-                f"        if knan{j} != 0 or m{j} == 0:",
-                f"            m{j} = buf{j}[0]",
-                f"            if m{j} == m{j}:",
-                "                for i in range(1, cols):",
-                f"                    x{j} = buf{j}[i]",
-                f"                    if x{j} != x{j}:",
-                f"                        m{j} = x{j}",
-                "                        break",
-                f"                    if x{j} > m{j}:",
-                f"                        m{j} = x{j}",
-                f"        v{j} = st{j}(m{j})"]
-    return _streamed_loops([j], lambda pad, col, lane: [f"{pad}part{j}{lane} += buf{j}[{col}]"],
-                           long_rows) + _sum_result(j, name)
-
-
-# Note [Amax by keys]
-# Eager amax keeps the first element, then any greater one, and the first NaN. Without NaNs
-# that is the row's maximum, except for the sign of a zero maximum (the first of -0.0 and
-# 0.0 wins). So a row's maximum is found on integer keys of the fp32 bit patterns (order-
-# preserving: the sign bit flips the other bits of negatives), which LLVM vectorizes where
-# the float compare-and-branch loop ran one element at a time (4x faster); a row with a NaN
-# or a zero maximum is scanned again the eager way.
+        recipes["row_max"] = ("row", "row_max")
+        return [f"        v{j} = st{j}(row_max(buf{j}, cols))"]
+    recipes["lane_sum"] = ("row", "lane_sum")
+    return [f"        t{j} = lane_sum(buf{j}, cols, ln{j})"] + _sum_result(j, name)
 
 
 def _sum_result(j, name) -> list[str]:

@@ -142,6 +142,15 @@ def _no_bool_neg(x):
                            "operator instead.")
 
 
+def _no_bool(cpu_name):
+    """A check raising the CPU's error for bool operands (abs, floor, ... have no bool
+    kernel there; `sign` has one)."""
+    def check(*operands):
+        if E.result_type(*operands) == torch.bool:
+            raise NotImplementedError(f"\"{cpu_name}\" not implemented for 'Bool'")
+    return check
+
+
 def _integral_only(name):
     def check(*operands):
         dtype = E.result_type(*operands)
@@ -238,8 +247,11 @@ def check_integer_divisor(x, y) -> None:
         raise RuntimeError("ZeroDivisionError")
 
 
-def _modulo(float_op, int_op):
+def _modulo(float_op, int_op, cpu_name):
+    refuse_bool = _no_bool(cpu_name)
+
     def run(x, y, out=None):
+        refuse_bool(x, y)
         check_integer_divisor(x, y)
         floating = E.dtypes_for(float_op, [x, y])[0].is_floating_point
         if floating:  # (Note [Reduced-precision scalars])
@@ -249,7 +261,8 @@ def _modulo(float_op, int_op):
     return run
 
 
-_fmod_run, _remainder_run = _modulo(_FMOD, _IFMOD), _modulo(_REMAINDER, _IREMAINDER)
+_fmod_run = _modulo(_FMOD, _IFMOD, "fmod_cpu")
+_remainder_run = _modulo(_REMAINDER, _IREMAINDER, "remainder_cpu")
 register(aten.fmod.Tensor, aten.fmod.Scalar)(lambda x, y: _fmod_run(x, y))
 register(aten.fmod_.Tensor, aten.fmod_.Scalar)(lambda x, y: _fmod_run(x, y, out=x))
 register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(
@@ -272,6 +285,7 @@ _IDIV_FLOOR = E.Elementwise("idiv_floor", njit(lambda x, y: x // y if y != 0 els
 
 
 def _floor(x, y, out=None):
+    _no_bool("div_floor_cpu")(x, y)
     check_integer_divisor(x, y)
     floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
     return E.run(_DIV_FLOOR if floating else _IDIV_FLOOR, [x, y], out=out)
@@ -283,6 +297,8 @@ def _div_mode(x, y, mode, out=None):
     if mode == "floor":
         return _floor(x, y, out)
     floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
+    if mode == "trunc":
+        _no_bool("div_trunc_cpu")(x, y)
     if mode == "trunc" and not floating:
         check_integer_divisor(x, y)
     if mode == "trunc":
@@ -375,7 +391,8 @@ define("isnan", lambda x: x != x, [aten.isnan.default], operands=1, kind="always
 # -- unary arithmetic --------------------------------------------------------------------
 define("neg", lambda x: -x, [aten.neg.default], [aten.neg_.default], operands=1,
        check=_no_bool_neg)
-define("abs", lambda x: abs(x), [aten.abs.default], [aten.abs_.default], operands=1)
+define("abs", lambda x: abs(x), [aten.abs.default], [aten.abs_.default], operands=1,
+       check=_no_bool("abs_cpu"))
 
 
 @njit
@@ -392,13 +409,13 @@ define("sqrt", lambda x: np.sqrt(x), [aten.sqrt.default], [aten.sqrt_.default], 
 define("rsqrt", lambda x: np.float32(1) / np.sqrt(x), [aten.rsqrt.default],
        [aten.rsqrt_.default], operands=1, kind="int_to_float", engine="scalar")
 define("floor", lambda x: np.floor(x), [aten.floor.default],
-       [aten.floor_.default], operands=1)
+       [aten.floor_.default], operands=1, check=_no_bool("floor_vml_cpu"))
 define("ceil", lambda x: np.ceil(x), [aten.ceil.default],
-       [aten.ceil_.default], operands=1)
+       [aten.ceil_.default], operands=1, check=_no_bool("ceil_vml_cpu"))
 define("trunc", lambda x: np.trunc(x), [aten.trunc.default],
-       [aten.trunc_.default], operands=1)
+       [aten.trunc_.default], operands=1, check=_no_bool("trunc_vml_cpu"))
 define("round", lambda x: np.rint(x), [aten.round.default],
-       [aten.round_.default], operands=1)
+       [aten.round_.default], operands=1, check=_no_bool("round_vml_cpu"))
 
 
 @njit

@@ -79,8 +79,10 @@ def _definition(op: "Elementwise"):
 def resolve(recipe: tuple):
     """The jitted function a recipe names, for generated kernel files: ("op", name) an
     elementwise op's scalar function (Note [Ops by name]), ("loader", code, compute),
-    ("storer", code[, stochastic]) or ("bits", "f32_as_u32" | "u32_as_f32") a bit cast, or
-    ("rounder", "f16"): fp32 rounded to fp16's values (Note [fp16 values stay fp32] in
+    ("storer", code[, stochastic]), ("bits", "f32_as_u32" | "u32_as_f32") a bit cast,
+    ("row", "fold_lanes" | "lane_sum" | "row_max") row sums and maxima (Note [Sum order] in
+    numerics.py),
+    or ("rounder", "f16"): fp32 rounded to fp16's values (Note [fp16 values stay fp32] in
     adaptive/codegen.py).
 
     >>> resolve(("storer", "f32"))(1.5)
@@ -96,6 +98,8 @@ def resolve(recipe: tuple):
     if kind == "rounder" and args[0] == "f16":
         return numerics.round_to_f16
     if kind == "bits" and args[0] in ("f32_as_u32", "u32_as_f32"):
+        return getattr(numerics, args[0])
+    if kind == "row" and args[0] in ("fold_lanes", "lane_sum", "row_max"):
         return getattr(numerics, args[0])
     raise ValueError(f"unknown kernel recipe {recipe!r}")
 

@@ -12,12 +12,13 @@ import torch
 
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
-from neuron_eager.ops import numerics
+from neuron_eager.ops import numerics, workers
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.meta import meta_run
+from neuron_eager.ops.numerics import SUM_LANES, lane_sum
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -184,30 +185,40 @@ _AS_F32 = numerics.loader("f32", "f32")
 # A row of `length` elements is normalised over itself. Affine parameters are indexed
 # by channel: row r uses w[(r % groups) * nw + c] for its c-th block of `per_w` elements
 # (layer norm: groups = per_w = 1; group norm: a row is one group, per_w = H*W).
+# A row is staged in fp32 and walked in passes that each vectorize; its sums are lane sums
+# in the order of Note [Sum order] (ops/numerics.py). Kernels take a range of rows: large
+# inputs run a share per core (workers.split_rows).
 def _build_row_norm(load, store):
-    total = lane_total(load)
-    moments = lane_moments(load)
-
     @njit(**JIT_OPTIONS)
-    def row_norm(x, w, b, out, mean, rstd, groups, per_w, eps):
-        rows, length = x.shape
+    def row_norm(lo, hi, x, w, b, out, mean, rstd, groups, per_w, eps):
+        length = x.shape[1]
         nw = length // per_w
         n = np.float32(length)
-        for r in range(rows):
+        xs = np.empty(length, np.float32)  # the row
+        ds = np.empty(length, np.float32)  # its deviations from the first mean
+        qs = np.empty(length, np.float32)  # their squares
+        lanes = np.empty(SUM_LANES, np.float32)
+        for r in range(lo, hi):
             src, dst = x[r], out[r]
-            mu0 = total(src, 0, length) / n
-            s1, s2 = moments(src, 0, length, mu0)  # Note [Corrected two-pass statistics]
+            for j in range(length):
+                xs[j] = load(src[j])
+            mu0 = lane_sum(xs, length, lanes) / n
+            for j in range(length):  # Note [Corrected two-pass statistics]
+                d = xs[j] - mu0
+                ds[j] = d
+                qs[j] = d * d
+            s1, s2 = lane_sum(ds, length, lanes), lane_sum(qs, length, lanes)
             mu = mu0 + s1 / n
             rs = np.float32(1) / np.sqrt(max(s2 - s1 * (s1 / n), np.float32(0)) / n + eps)
             base = (r % groups) * nw
             if per_w == 1:
                 for j in range(length):
-                    dst[j] = store((load(src[j]) - mu) * (rs * w[base + j]) + b[base + j])
+                    dst[j] = store((xs[j] - mu) * (rs * w[base + j]) + b[base + j])
             else:
                 for c in range(nw):
                     scale, bias = rs * w[base + c], b[base + c]
                     for j in range(c * per_w, (c + 1) * per_w):
-                        dst[j] = store((load(src[j]) - mu) * scale + bias)
+                        dst[j] = store((xs[j] - mu) * scale + bias)
             mean[r] = mu
             rstd[r] = rs
 
@@ -215,50 +226,57 @@ def _build_row_norm(load, store):
 
 
 def _build_row_norm_backward(load, store):
-    dual = lane_dual(_AS_F32, load)
-
     @njit(**JIT_OPTIONS)
-    def row_norm_backward(g, x, mean, rstd, w, gx, gw, gb, groups, per_w, want_gx):
-        rows, length = x.shape
+    def row_norm_backward(lo, hi, g, x, mean, rstd, w, gx, gw, gb, groups, per_w, want_gx):
+        # gw, gb: this range's own fp32 sums (its chunk's: the caller adds the chunks)
+        length = x.shape[1]
         nw = length // per_w
         n = np.float32(length)
         gw[:] = 0
         gb[:] = 0
-        gy = np.empty(length, np.float32)  # one row of grad_out * weight
-        for r in range(rows):
+        gy = np.empty(length, np.float32)  # one row of grad_out (then times the weight)
+        xh = np.empty(length, np.float32)  # x - mean
+        gx_c = np.empty(length, np.float32)  # gy * (x - mean), for the sums
+        lanes = np.empty(SUM_LANES, np.float32)
+        for r in range(lo, hi):
             mu, rs = mean[r], rstd[r]
             base = (r % groups) * nw
             xr, gr = x[r], g[r]
             for j in range(length):
                 gy[j] = load(gr[j])
+                xh[j] = load(xr[j]) - mu
             if per_w == 1:  # one weight per element
                 if gw.shape[0]:
                     for j in range(length):
-                        gw[base + j] += gy[j] * ((load(xr[j]) - mu) * rs)
+                        gw[base + j] += gy[j] * (xh[j] * rs)
                         gb[base + j] += gy[j]
                 for j in range(length):
                     gy[j] *= w[base + j]
-                s_gy, s_gyxc = dual(gy, xr, 0, length, mu)
+                    gx_c[j] = gy[j] * xh[j]
+                s_gy, s_gyxc = lane_sum(gy, length, lanes), lane_sum(gx_c, length, lanes)
             else:  # one weight per block of per_w elements
                 s_gy = np.float32(0)
                 s_gyxc = np.float32(0)
+                for j in range(length):
+                    gx_c[j] = gy[j] * xh[j]
                 for c in range(nw):
-                    lo, hi = c * per_w, (c + 1) * per_w
-                    s_g, s_gxc = dual(gy, xr, lo, hi, mu)
+                    lo_c, hi_c = c * per_w, (c + 1) * per_w
+                    s_g = lane_sum(gy[lo_c:hi_c], per_w, lanes)
+                    s_gxc = lane_sum(gx_c[lo_c:hi_c], per_w, lanes)
                     if gw.shape[0]:
                         gw[base + c] += s_gxc * rs
                         gb[base + c] += s_g
                     wc = w[base + c]
                     s_gy += wc * s_g
                     s_gyxc += wc * s_gxc
-                    for j in range(lo, hi):
+                    for j in range(lo_c, hi_c):
                         gy[j] *= wc
             if want_gx:  # rstd * (gy - mean(gy) - xhat * mean(gy * xhat))
                 a = s_gy / n
                 k = s_gyxc * rs / n
                 dst = gx[r]
                 for j in range(length):
-                    dst[j] = store(rs * (gy[j] - a - (load(xr[j]) - mu) * rs * k))
+                    dst[j] = store(rs * (gy[j] - a - xh[j] * rs * k))
 
     return row_norm_backward
 
@@ -273,14 +291,30 @@ def row_norm(x, weight, bias, stat_shape, stat_dtype, rows, length, groups, per_
     w, b = f32_vector(weight, nparams, 1.0), f32_vector(bias, nparams, 0.0)
     if x.numel():
         kernel = kernel_for(_build_row_norm, _code(x.dtype), _code(out_stage.dtype))
-        kernel(x._nd.reshape(rows, length), w._nd, b._nd, out_stage._nd.reshape(rows, length),
-               mean_stage._nd.reshape(rows), rstd_stage._nd.reshape(rows), groups, per_w,
-               np.float32(eps))
+        args = [x._nd.reshape(rows, length), w._nd, b._nd, out_stage._nd.reshape(rows, length),
+                mean_stage._nd.reshape(rows), rstd_stage._nd.reshape(rows), groups, per_w,
+                np.float32(eps)]
+        if rows > 1 and x.numel() >= E.SPLIT_MIN:
+            workers.split_rows(kernel, rows, args)
+        else:
+            kernel(0, rows, *args)
         core.launch("vector", x.numel(), 2 * x._nd.nbytes + 8 * rows)
     elif rows:  # empty rows: mean 0 and rstd NaN, as on CPU
         mean_stage._nd[...] = 0
         rstd_stage._nd[...] = np.nan
     return finish(out, out_stage), finish(mean, mean_stage), finish(rstd, rstd_stage)
+
+
+GRAD_CHUNK = 64
+
+
+def _chunked(kernel):
+    """A split_rows kernel running `kernel` over chunks lo..hi-1 of rows: chunk k takes rows
+    bounds[k]:bounds[k + 1] and accumulates into gws[k], gbs[k]."""
+    def run(lo, hi, bounds, args, gws, gbs, groups, per_w, want_gx):
+        for k in range(lo, hi):
+            kernel(bounds[k], bounds[k + 1], *args, gws[k], gbs[k], groups, per_w, want_gx)
+    return run
 
 
 def row_norm_backward(g, x, mean, rstd, weight, rows, length, groups, per_w, want_gx, want_gw,
@@ -299,9 +333,24 @@ def row_norm_backward(g, x, mean, rstd, weight, rows, length, groups, per_w, wan
         kernel = kernel_for(_build_row_norm_backward, _code(x.dtype),
                             _code(gx_stage.dtype if want_gx else x.dtype))
         dummy = np.empty((0, 0), x._nd.dtype)
-        kernel(g._nd.reshape(rows, length), x._nd.reshape(rows, length), mean._nd, rstd._nd,
-               w._nd, gx_stage._nd.reshape(rows, length) if want_gx else dummy, gw._nd, gb._nd,
-               groups, per_w, want_gx)
+        args = [g._nd.reshape(rows, length), x._nd.reshape(rows, length), mean._nd, rstd._nd,
+                w._nd, gx_stage._nd.reshape(rows, length) if want_gx else dummy]
+        # rows in chunks of GRAD_CHUNK, each with its own weight and bias gradient sums, added
+        # in chunk order: the same bits on any number of cores (large inputs: a share each)
+        bounds = list(range(0, rows, GRAD_CHUNK)) + [rows]
+        chunks = len(bounds) - 1
+        gws = np.empty((chunks, gw._nd.shape[0]), np.float32)
+        gbs = np.empty_like(gws)
+        chunked = [_chunked(kernel), bounds, args, gws, gbs, groups, per_w, want_gx]
+        if chunks > 1 and x.numel() >= E.SPLIT_MIN:
+            workers.split_rows(chunked[0], chunks, chunked[1:])
+        else:
+            chunked[0](0, chunks, *chunked[1:])
+        gw._nd[...] = gws[0]
+        gb._nd[...] = gbs[0]
+        for k in range(1, chunks):
+            gw._nd[...] += gws[k]
+            gb._nd[...] += gbs[k]
         core.launch("vector", x.numel(), 3 * x._nd.nbytes)
     else:
         gw._nd[...] = 0

@@ -18,6 +18,7 @@ from neuron_eager.device_sim import config, core
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
+from neuron_eager.ops.numerics import SUM_BLOCK, SUM_LANES, fold_lanes, row_extreme
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sourceline import warn_at_user_line
 
@@ -195,6 +196,14 @@ def _part(kind: str, *key):
     return part
 
 
+def _stager(in_code: str, compute: str, load):
+    key = ("stage", in_code, compute)
+    stage = _parts.get(key)
+    if stage is None:
+        stage = _parts[key] = specialize(stage_kernel, load=load)
+    return stage
+
+
 def _wrap(fn):
     return lambda v: fn(v)
 
@@ -215,68 +224,81 @@ def kernel(family: str, in_dtype: torch.dtype, out_dtype: torch.dtype, compute: 
     key = (family, in_code, out_code, compute, stochastic)
     k = _kernels.get(key)
     if k is None:
+        load = _part("load", in_code, compute)
         k = _kernels[key] = specialize(
-            FAMILIES[family], load=_part("load", in_code, compute),
-            store=_part("store", out_code, stochastic), cast=_part("cast", compute))
+            FAMILIES[family], load=load, store=_part("store", out_code, stochastic),
+            cast=_part("cast", compute), stage=_stager(in_code, compute, load))
         if stochastic:
             k = _kernels[key] = numerics.with_noise(k)
         kernelgen.stats["compiled"] += 1
     return k
 
 
-def sum_kernel(src, base, starts, steps, stride, n, out, mean, divisor, part, total):
-    """Row sums in blocks of BLOCK, joined at the end (fp32 error grows with BLOCK, not n).
-
-    With scratch arrays `part`/`total` (one slot per row), the rows are walked side by side,
-    which reads memory in order when rows are adjacent and a row's elements are far apart
-    (sum over dim 0 of a contiguous matrix, as a bias gradient is).
-    """
+def sum_kernel(src, base, starts, steps, stride, n, out, mean, divisor, lanes, total):
+    """Row sums in the lane order of Note [Sum order] (ops/numerics.py); `lanes` is scratch
+    of SUM_LANES slots, or SUM_LANES per row when `total` has a slot per row: then the rows
+    are walked side by side, which reads memory in order when rows are adjacent and a row's
+    elements are far apart (sum over dim 0 of a contiguous matrix, as a bias gradient is).
+    Offsets are unsigned: a signed index makes Numba select for negative wraparound, and
+    that alone keeps LLVM from vectorising."""
     gathered = steps.size > 0
     rows_n = starts.size
-    if total.size:
-        # side by side, rows are evenly spaced (one kept dim). Unsigned offsets, computed
-        # rather than gathered through `starts`: a signed index makes Numba select for
-        # negative wraparound, and that alone keeps LLVM from vectorising (4x slower)
+    u_stride = np.uint64(stride)
+    if total.size:  # side by side; rows are evenly spaced (one kept dim), lanes lane-major
         spacing = np.uint64(starts[1] - starts[0])
+        u_rows = np.uint64(rows_n)
         for r in range(rows_n):
             total[r] = cast(0)
-        for b0 in range(0, n, BLOCK):
-            for r in range(rows_n):
-                part[r] = cast(0)
-            for i in range(b0, min(b0 + BLOCK, n)):
-                p = np.uint64(base + starts[0] + i * stride)
+        for b0 in range(0, n, SUM_BLOCK):
+            end = min(b0 + SUM_BLOCK, n)
+            for k in range(lanes.size):
+                lanes[k] = cast(0)
+            for i in range(b0, end):
+                p = np.uint64(base + starts[0]) + np.uint64(i) * u_stride
+                q = np.uint64((i - b0) % SUM_LANES) * u_rows
                 for r in range(rows_n):
-                    part[r] += load(src[p + np.uint64(r) * spacing])
+                    lanes[q + np.uint64(r)] += load(src[p + np.uint64(r) * spacing])
+            h = SUM_LANES // 2
+            while h >= end - b0 and h > 0:
+                h //= 2
+            while h > 0:
+                for k in range(h * rows_n):
+                    lanes[k] += lanes[k + h * rows_n]
+                h //= 2
             for r in range(rows_n):
-                total[r] += part[r]
+                total[r] += lanes[r]
+        for r in range(rows_n):
+            out[r] = store(total[r] / divisor) if mean else store(total[r])
+        return
+    width = lanes.size
     for r in range(rows_n):
-        if total.size:
-            acc_total = total[r]
-        else:
-            s0 = base + starts[r]
-            acc_total = cast(0)
-            b0 = 0
-            # four blocks side by side, each summed in order (Note [Blocks side by side] in
-            # adaptive/rowgen.py): the same bits as block by block, ~2x faster
-            while b0 + 4 * BLOCK <= n:
-                acc0 = acc1 = acc2 = acc3 = cast(0)
-                for i in range(b0, b0 + BLOCK):
-                    i1, i2, i3 = i + BLOCK, i + 2 * BLOCK, i + 3 * BLOCK
-                    acc0 += load(src[s0 + (steps[i] if gathered else i * stride)])
-                    acc1 += load(src[s0 + (steps[i1] if gathered else i1 * stride)])
-                    acc2 += load(src[s0 + (steps[i2] if gathered else i2 * stride)])
-                    acc3 += load(src[s0 + (steps[i3] if gathered else i3 * stride)])
-                acc_total += acc0
-                acc_total += acc1
-                acc_total += acc2
-                acc_total += acc3
-                b0 += 4 * BLOCK
-            while b0 < n:
-                acc = cast(0)
-                for i in range(b0, min(b0 + BLOCK, n)):
-                    acc += load(src[s0 + (steps[i] if gathered else i * stride)])
-                acc_total += acc
-                b0 += BLOCK
+        s0 = np.uint64(base + starts[r])
+        acc_total = cast(0)
+        for b0 in range(0, n, SUM_BLOCK):
+            end = min(b0 + SUM_BLOCK, n)
+            for q in range(SUM_LANES):
+                lanes[q] = cast(0)
+            whole = b0 + (end - b0) // SUM_LANES * SUM_LANES
+            # a loop per layout, each vectorized over the lanes; `width` (SUM_LANES) is read
+            # from the array: a constant trip count is unrolled, and the unrolled adds stay
+            # scalar (LLVM cannot tell `lanes` from `src`), a loop is vectorized
+            for c0 in range(b0, whole, SUM_LANES):
+                if gathered:
+                    for q in range(width):
+                        lanes[q] += load(src[s0 + np.uint64(steps[c0 + q])])
+                elif stride == 1:
+                    at = s0 + np.uint64(c0)
+                    for q in range(width):
+                        lanes[q] += load(src[at + np.uint64(q)])
+                else:
+                    at = s0 + np.uint64(c0) * u_stride
+                    for q in range(width):
+                        lanes[q] += load(src[at + np.uint64(q) * u_stride])
+            for c in range(whole, end):
+                i = np.uint64(c)
+                lanes[c - whole] += load(src[s0 + (np.uint64(steps[i]) if gathered
+                                                   else i * u_stride)])
+            acc_total += fold_lanes(lanes, min(end - b0, SUM_LANES))
         if mean:
             out[r] = store(acc_total / divisor)
         else:
@@ -300,6 +322,30 @@ def extreme_kernel(src, base, starts, steps, stride, n, vals, idxs, want_max):
                     best, at = v, i
         vals[r] = store(best)
         idxs[r] = at
+
+
+def extreme_values_kernel(src, base, starts, steps, stride, n, vals, want_max):
+    """Float max/min values without indices: the row staged in fp32, then numerics.row_extreme
+    (vectorized keys; the first NaN and the first zero's sign, as extreme_kernel keeps them)."""
+    row = np.empty(n, np.float32)
+    for r in range(starts.size):
+        s0 = np.uint64(base + starts[r])
+        if stride == 1 and steps.size == 0:
+            for i in range(n):
+                row[i] = load(src[s0 + np.uint64(i)])
+        else:  # (out of line: inlined, this loop kept LLVM from vectorizing the others, 3x)
+            stage(row, src, s0, steps, stride, n)
+        vals[r] = store(row_extreme(row, n, want_max))
+
+
+def stage_kernel(row, src, s0, steps, stride, n):
+    """row[0:n] = a strided or gathered row from offset s0, in the compute type."""
+    if steps.size:
+        for i in range(n):
+            row[i] = load(src[s0 + np.uint64(steps[i])])
+    else:
+        for i in range(n):
+            row[i] = load(src[s0 + np.uint64(i) * np.uint64(stride)])
 
 
 def var_kernel(src, base, starts, steps, stride, n, var_out, mean_out, dof, take_sqrt):
@@ -418,7 +464,7 @@ def truth_kernel(src, base, starts, steps, stride, n, out, mode, mask):
 
 
 FAMILIES = {"sum": sum_kernel, "extreme": extreme_kernel, "var": var_kernel, "fold": fold_kernel,
-            "logsumexp": logsumexp_kernel}
+            "logsumexp": logsumexp_kernel, "extreme_values": extreme_values_kernel}
 
 
 # -- sum, mean ----------------------------------------------------------------------------
@@ -442,10 +488,12 @@ def _sum(op, x, dim, keepdim, dtype, mean=False):
     k = kernel("sum", x.dtype, out_dtype, compute, op, exact=True)
     n = x.numel() // max(out.numel(), 1)
     r = rows(x, dims)
-    scratch = _NO_SCRATCH[compute]
-    if r.by_column:
-        scratch = np.empty(r.starts.size, _CAST[compute])
-    launch(k, x, dims, [out], mean, _CAST[compute](n), scratch, np.empty_like(scratch))
+    kind = _CAST[compute]
+    if r.by_column:  # (Note [Sum order]: SUM_LANES partial sums per row)
+        lanes, total = np.empty(SUM_LANES * r.starts.size, kind), np.empty(r.starts.size, kind)
+    else:
+        lanes, total = np.empty(SUM_LANES, kind), _NO_SCRATCH[compute]
+    launch(k, x, dims, [out], mean, kind(n), lanes, total)
     if out_dtype == torch.int64:
         numerics.wrap_int64(out._nd, "sum")
     return out
@@ -479,6 +527,13 @@ def extreme(op, x, dims, keepdim, want_max, values=True, indices=True):
     out = T.empty(out_shape(x, dims, keepdim), x.dtype) if values else None
     idx = T.empty(out_shape(x, dims, keepdim), torch.int64) if indices else None
     compute = "f32" if x.dtype.is_floating_point else "int"
+    if compute == "f32" and not indices:
+        k = kernel("extreme_values", x.dtype, x.dtype, compute, op)
+        r = rows(x, dims)
+        vals = out._nd.reshape(-1)
+        k(flat(x), x.storage_offset(), r.starts, r.steps, r.stride, r.n, vals, want_max)
+        core.launch("vector", x.numel(), x._nd.nbytes + vals.nbytes)
+        return out, idx
     k = kernel("extreme", x.dtype, x.dtype, compute, op)
     n = max(T.numel(out_shape(x, dims, False)), 1)
     vals = out._nd.reshape(-1) if values else np.empty(n, T.STORAGE_DTYPE[x.dtype])

@@ -221,6 +221,8 @@ _ROUND_DECIMALS = E.Elementwise("round_decimals", _round_decimals, nparams=1)
 
 @register(aten.round.decimals)
 def round_decimals(x, *, decimals=0):
+    if not x.dtype.is_floating_point:
+        raise NotImplementedError(f"\"round_cpu\" not implemented for '{E.T.dtype_name(x.dtype)}'")
     scale = 10.0 ** decimals if decimals >= 0 else -(10.0 ** -decimals)
     return E.run(_ROUND_DECIMALS, [x], [scale])
 

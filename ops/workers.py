@@ -163,24 +163,34 @@ def split_call(kernel, out: np.ndarray, args: list) -> None:
     """kernel(out, *args) in COUNT slices of `out`'s first dim run side by side: arrays of
     out's rank are sliced with it; scalars and arrays of a lower rank (a vector every row
     reads: Note [Broadcast rows] in kernelgen.py) pass whole."""
+    rank = out.ndim
+    sliced = [isinstance(a, np.ndarray) and a.ndim == rank for a in args]
+    _run_sliced(kernel, out.shape[0], lambda lo, hi: [
+        out[lo:hi], *[a[lo:hi] if cut else a for a, cut in zip(args, sliced)]])
+
+
+def split_rows(kernel, rows: int, args: list) -> None:
+    """kernel(lo, hi, *args) for COUNT ranges [lo, hi) of `rows` run side by side: for row
+    kernels that index their arrays themselves (softmax, norms, sums over strided rows)."""
+    _run_sliced(kernel, rows, lambda lo, hi: [lo, hi, *args])
+
+
+def _run_sliced(kernel, n: int, slice_args) -> None:
+    """kernel(*slice_args(lo, hi)) for COUNT ranges [lo, hi) of n: the caller runs the first,
+    one worker each of the others."""
     if COUNT == 1 or hasattr(kernel, "py_kernel") or not _busy.acquire(blocking=False):
-        kernel(out, *args)
+        kernel(*slice_args(0, n))
         return
     try:
         if not _workers:
             _compile_spinning()
         while len(_workers) < COUNT - 1:
             _workers.append(_Worker(len(_workers) + 1))
-        n = out.shape[0]
         bounds = [n * i // COUNT for i in range(COUNT + 1)]
-        rank = out.ndim
-        sliced = [isinstance(a, np.ndarray) and a.ndim == rank for a in args]
         for worker, lo, hi in zip(_workers, bounds[1:-1], bounds[2:]):
-            worker.post(kernel, [out[lo:hi], *[a[lo:hi] if cut else a
-                                                for a, cut in zip(args, sliced)]])
+            worker.post(kernel, slice_args(lo, hi))
         try:
-            head = bounds[1]
-            kernel(out[:head], *[a[:head] if cut else a for a, cut in zip(args, sliced)])
+            kernel(*slice_args(0, bounds[1]))
         finally:
             errors = []
             for worker in _workers:  # every one, so none is still busy after an error

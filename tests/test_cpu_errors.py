@@ -69,6 +69,16 @@ ERRORS = {
     "grid_sample grid of 3 coords": lambda d: torch.nn.functional.grid_sample(
         torch.ones(1, 1, 3, 3, device=d), torch.zeros(1, 2, 2, 3, device=d),
         align_corners=False),
+    # ops the CPU has no bool (or integer) kernel for
+    "abs of bool": lambda d: _t(d, [True, False]).abs(),
+    "abs_ of bool": lambda d: _t(d, [True, False]).abs_(),
+    "floor of bool": lambda d: _t(d, [True, False]).floor(),
+    "round of bool": lambda d: _t(d, [True, False]).round(),
+    "bool // bool": lambda d: _t(d, [True, False]) // True,
+    "bool % bool": lambda d: _t(d, [True, False]) % _t(d, [True, True]),
+    "fmod of bool": lambda d: torch.fmod(_t(d, [True, False]), True),
+    "bool div trunc": lambda d: torch.div(_t(d, [True]), True, rounding_mode="trunc"),
+    "round(decimals) of int": lambda d: torch.round(_t(d, [15]), decimals=-1),
 }
 
 

@@ -58,9 +58,9 @@ def test_normalizations_fuse_into_one_kernel(shape, dtype):
     assert adaptive.stats()["kernels_launched"] == 1  # nine ops, one kernel
 
 
-# long rows: 4 blocks side by side (rowgen, Note [Blocks side by side]): exactly 4 blocks,
-# twice 4 blocks and 2 more plus a partial one, and a row of 4 blocks over two dims
-@pytest.mark.parametrize("shape", [(3, 1024), (2, 2600), (2, 2, 16, 64)])
+# the lanes of Note [Sum order] (ops/numerics.py): whole lane groups, a partial one, two
+# blocks of 4096 and part of a third, and a row of lane groups over two dims
+@pytest.mark.parametrize("shape", [(3, 1024), (2, 2600), (2, 9000), (2, 2, 16, 64)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_long_rows_keep_the_eager_sum_order(shape, dtype):
     x, w, b = _inputs(shape, dtype, seed=7)

@@ -250,37 +250,50 @@ def test_long_rows_stay_accurate(seed):
     check_op(lambda t: t.sum(0), columns, rtol=1e-5, atol=1e-3)
 
 
-def _blocked_sums(rows: np.ndarray) -> np.ndarray:
-    """The documented order (ops/reduction.py sum_kernel): each block of 256 summed in order
-    from 0 in fp32, the block sums added in order."""
-    totals = []
-    for row in rows.astype(np.float32):
-        total = np.float32(0)
-        for b0 in range(0, row.size, 256):
-            acc = np.float32(0)
-            for v in row[b0:b0 + 256]:
-                acc = np.float32(acc + v)
-            total = np.float32(total + acc)
-        totals.append(total)
-    return np.array(totals, np.float32)
+def _lane_sums(rows: np.ndarray) -> np.ndarray:
+    """The documented order (Note [Sum order] in ops/numerics.py): blocks of 4096; element i
+    of a block goes to lane i % 64, each lane adds in order from +0 in fp32; the lanes fold
+    pairwise (lane q += lane q + h, h = 32, 16, ..., 1); the block sums add in order."""
+    rows = rows.astype(np.float32)
+    total = np.zeros(len(rows), np.float32)
+    for b0 in range(0, rows.shape[1], 4096):
+        block = rows[:, b0:b0 + 4096]
+        lanes = np.zeros((len(rows), 64), np.float32)
+        for i in range(block.shape[1]):
+            lanes[:, i % 64] += block[:, i]  # (float32 arrays: rounded at every add)
+        h = 32
+        while h:
+            lanes[:, :h] += lanes[:, h:2 * h]
+            h //= 2
+        total += lanes[:, 0]
+    return total
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "strided", "gathered"])
-def test_long_rows_sum_in_the_blocked_order(layout, seed):
-    # rows of 2 x 4 blocks and a part: four blocks side by side, then block by block
-    n = 8 * 256 + 300
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "gathered", "by column"])
+@pytest.mark.parametrize("n", [8 * 1024 + 300, 100, 7])
+def test_sums_add_in_the_lane_order(layout, n, seed):
+    # two whole blocks and a part, one part block with a partial lane group, fewer than 64
     x = torch.randn(32, n) * 10 ** (6 * torch.rand(32, n) - 3)  # any other order rounds otherwise
+    rows = x.numpy()
     if layout == "contiguous":
-        got, rows = x.to("neuron").sum(1), x.numpy()
+        got = x.to("neuron").sum(1)
     elif layout == "strided":
-        got, rows = x.t().contiguous().to("neuron").sum(0), x.numpy()
+        got = x.t().contiguous().to("neuron").t().sum(1)
+    elif layout == "by column":  # rows adjacent in memory: walked side by side
+        got = x.t().contiguous().to("neuron").sum(0)
     else:  # two reduced dims that do not merge: offsets from a table
+        if n % 4:
+            pytest.skip("needs n divisible by 4")
         y = x.reshape(32, 4, n // 4).transpose(1, 2).contiguous().to("neuron")
-        got, rows = y.sum((1, 2)), x.reshape(32, 4, n // 4).transpose(1, 2).reshape(32, n).numpy()
-    ref = _blocked_sums(rows)
+        got = y.sum((1, 2))
+        rows = x.reshape(32, 4, n // 4).transpose(1, 2).reshape(32, n).numpy()
+    ref = _lane_sums(rows)
     assert np.array_equal(got.cpu().numpy(), ref)
-    one_chain = np.cumsum(rows.astype(np.float32), axis=1, dtype=np.float32)[:, -1]
-    assert not np.array_equal(one_chain, ref)  # else the test could not see the order
+    if layout == "contiguous":
+        assert torch.equal(x.to("neuron").mean(1).cpu(), torch.from_numpy(ref) / n)
+    if n > 64:
+        one_chain = np.cumsum(rows.astype(np.float32), axis=1, dtype=np.float32)[:, -1]
+        assert not np.array_equal(one_chain, ref)  # else the test could not see the order
 
 
 def test_gradients(seed):
