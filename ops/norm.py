@@ -18,7 +18,7 @@ from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.meta import meta_run
-from neuron_eager.ops.numerics import SUM_LANES, lane_sum
+from neuron_eager.ops.numerics import SUM_LANES, deviation_sums, lane_sum
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -195,25 +195,22 @@ def _build_row_norm(load, store):
         nw = length // per_w
         n = np.float32(length)
         xs = np.empty(length, np.float32)  # the row
-        ds = np.empty(length, np.float32)  # its deviations from the first mean
-        qs = np.empty(length, np.float32)  # their squares
         lanes = np.empty(SUM_LANES, np.float32)
+        lanes2 = np.empty(SUM_LANES, np.float32)
         for r in range(lo, hi):
             src, dst = x[r], out[r]
             for j in range(length):
                 xs[j] = load(src[j])
             mu0 = lane_sum(xs, length, lanes) / n
-            for j in range(length):  # Note [Corrected two-pass statistics]
-                d = xs[j] - mu0
-                ds[j] = d
-                qs[j] = d * d
-            s1, s2 = lane_sum(ds, length, lanes), lane_sum(qs, length, lanes)
+            # Note [Corrected two-pass statistics]
+            s1, s2 = deviation_sums(xs, length, mu0, lanes, lanes2)
             mu = mu0 + s1 / n
             rs = np.float32(1) / np.sqrt(max(s2 - s1 * (s1 / n), np.float32(0)) / n + eps)
             base = (r % groups) * nw
-            if per_w == 1:
+            if per_w == 1:  # (slices: a signed `base + j` index kept this loop scalar, 2x)
+                wr, br = w[base:base + length], b[base:base + length]
                 for j in range(length):
-                    dst[j] = store((xs[j] - mu) * (rs * w[base + j]) + b[base + j])
+                    dst[j] = store((xs[j] - mu) * (rs * wr[j]) + br[j])
             else:
                 for c in range(nw):
                     scale, bias = rs * w[base + c], b[base + c]
@@ -245,13 +242,15 @@ def _build_row_norm_backward(load, store):
             for j in range(length):
                 gy[j] = load(gr[j])
                 xh[j] = load(xr[j]) - mu
-            if per_w == 1:  # one weight per element
+            if per_w == 1:  # one weight per element (slices: see row_norm)
                 if gw.shape[0]:
+                    gwr, gbr = gw[base:base + length], gb[base:base + length]
                     for j in range(length):
-                        gw[base + j] += gy[j] * (xh[j] * rs)
-                        gb[base + j] += gy[j]
+                        gwr[j] += gy[j] * (xh[j] * rs)
+                        gbr[j] += gy[j]
+                wr = w[base:base + length]
                 for j in range(length):
-                    gy[j] *= w[base + j]
+                    gy[j] *= wr[j]
                     gx_c[j] = gy[j] * xh[j]
                 s_gy, s_gyxc = lane_sum(gy, length, lanes), lane_sum(gx_c, length, lanes)
             else:  # one weight per block of per_w elements

@@ -475,6 +475,34 @@ def lane_sum(values, n, lanes):
     return total
 
 
+@njit(inline="always")
+def deviation_sums(values, n, mu, lanes, lanes2):
+    """(sum of d, sum of d * d) for d = values[j] - mu, j < n, each in the order of Note [Sum
+    order], in one pass; `lanes` and `lanes2` are scratch of SUM_LANES fp32."""
+    s1 = np.float32(0)
+    s2 = np.float32(0)
+    width = lanes.size  # (as in lane_sum)
+    for b0 in range(0, n, SUM_BLOCK):
+        end = min(b0 + SUM_BLOCK, n)
+        for q in range(width):
+            lanes[q] = np.float32(0)
+            lanes2[q] = np.float32(0)
+        whole = b0 + (end - b0) // SUM_LANES * SUM_LANES
+        for c0 in range(b0, whole, SUM_LANES):
+            for q in range(width):
+                d = values[np.uint64(c0) + np.uint64(q)] - mu
+                lanes[q] += d
+                lanes2[q] += d * d
+        for c in range(whole, end):
+            d = values[c] - mu
+            lanes[c - whole] += d
+            lanes2[c - whole] += d * d
+        used = min(end - b0, SUM_LANES)
+        s1 += fold_lanes(lanes, used)
+        s2 += fold_lanes(lanes2, used)
+    return s1, s2
+
+
 # Note [Amax by keys]
 # Eager amax keeps the first element, then any greater one, and the first NaN. Without NaNs
 # that is the row's maximum, except for the sign of a zero maximum (the first of -0.0 and

@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import config, core
-from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.numerics import SUM_BLOCK, SUM_LANES, fold_lanes, row_extreme
+from neuron_eager.ops.numerics import SUM_BLOCK, SUM_LANES, fold_lanes, lane_sum, row_extreme
+from neuron_eager.ops.elementwise import SPLIT_MIN
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sourceline import warn_at_user_line
 
@@ -85,6 +86,17 @@ def launch(kernel, x: torch.Tensor, dims, outs, *params, engine: str = "vector")
     arrays = [o._nd.reshape(-1) for o in outs]
     kernel(flat(x), x.storage_offset(), r.starts, r.steps, r.stride, r.n, *arrays, *params)
     core.launch(engine, x.numel(), x._nd.nbytes + sum(a.nbytes for a in arrays))
+
+
+def _by_rows(run, r: Rows, elements: int) -> None:
+    """run(lo, hi) over all rows of `r`: large inputs a share of rows per core (each row's
+    result does not depend on the share it falls in). Rows walked side by side need two a
+    share; stochastic kernels seed their noise per launch on the calling thread."""
+    rows_n = r.starts.size
+    if elements >= SPLIT_MIN and rows_n >= 2 * workers.COUNT and not config.stochastic_rounding:
+        workers.split_rows(run, rows_n, [])
+    else:
+        run(0, rows_n)
 
 
 # -- dims, dtypes, errors ---------------------------------------------------------------
@@ -253,11 +265,16 @@ def sum_kernel(src, base, starts, steps, stride, n, out, mean, divisor, lanes, t
             end = min(b0 + SUM_BLOCK, n)
             for k in range(lanes.size):
                 lanes[k] = cast(0)
-            for i in range(b0, end):
-                p = np.uint64(base + starts[0]) + np.uint64(i) * u_stride
-                q = np.uint64((i - b0) % SUM_LANES) * u_rows
-                for r in range(rows_n):
-                    lanes[q + np.uint64(r)] += load(src[p + np.uint64(r) * spacing])
+            for q in range(SUM_LANES):  # lane by lane: its rows' partial sums stay in cache
+                at = np.uint64(q) * u_rows
+                for i in range(b0 + q, end, SUM_LANES):
+                    p = np.uint64(base + starts[0]) + np.uint64(i) * u_stride
+                    if spacing == 1:  # (adjacent rows: a unit-stride loop vectorizes)
+                        for r in range(rows_n):
+                            lanes[at + np.uint64(r)] += load(src[p + np.uint64(r)])
+                    else:
+                        for r in range(rows_n):
+                            lanes[at + np.uint64(r)] += load(src[p + np.uint64(r) * spacing])
             h = SUM_LANES // 2
             while h >= end - b0 and h > 0:
                 h //= 2
@@ -346,6 +363,29 @@ def stage_kernel(row, src, s0, steps, stride, n):
     else:
         for i in range(n):
             row[i] = load(src[s0 + np.uint64(i) * np.uint64(stride)])
+
+
+def lane_norm_kernel(src, base, starts, steps, stride, n, out, mode, p):
+    """Float 1- and 2-norms: |v| or v * v staged per row, then a lane sum (Note [Sum order])
+    and, for the 2-norm, its square root."""
+    terms = np.empty(n, np.float32)
+    lanes = np.empty(SUM_LANES, np.float32)
+    squares = mode == NORM_2
+    for r in range(starts.size):
+        s0 = np.uint64(base + starts[r])
+        if stride == 1 and steps.size == 0:
+            for i in range(n):
+                terms[i] = load(src[s0 + np.uint64(i)])
+        else:
+            stage(terms, src, s0, steps, stride, n)
+        if squares:
+            for i in range(n):
+                terms[i] *= terms[i]
+        else:
+            for i in range(n):
+                terms[i] = abs(terms[i])
+        total = lane_sum(terms, n, lanes)
+        out[r] = store(np.sqrt(total) if squares else total)
 
 
 def var_kernel(src, base, starts, steps, stride, n, var_out, mean_out, dof, take_sqrt):
@@ -464,7 +504,8 @@ def truth_kernel(src, base, starts, steps, stride, n, out, mode, mask):
 
 
 FAMILIES = {"sum": sum_kernel, "extreme": extreme_kernel, "var": var_kernel, "fold": fold_kernel,
-            "logsumexp": logsumexp_kernel, "extreme_values": extreme_values_kernel}
+            "logsumexp": logsumexp_kernel, "extreme_values": extreme_values_kernel,
+            "lane_norm": lane_norm_kernel}
 
 
 # -- sum, mean ----------------------------------------------------------------------------
@@ -489,11 +530,18 @@ def _sum(op, x, dim, keepdim, dtype, mean=False):
     n = x.numel() // max(out.numel(), 1)
     r = rows(x, dims)
     kind = _CAST[compute]
-    if r.by_column:  # (Note [Sum order]: SUM_LANES partial sums per row)
-        lanes, total = np.empty(SUM_LANES * r.starts.size, kind), np.empty(r.starts.size, kind)
-    else:
-        lanes, total = np.empty(SUM_LANES, kind), _NO_SCRATCH[compute]
-    launch(k, x, dims, [out], mean, kind(n), lanes, total)
+    src, base, vals = flat(x), x.storage_offset(), out._nd.reshape(-1)
+
+    def run(lo, hi):
+        if r.by_column:  # (Note [Sum order]: SUM_LANES partial sums per row)
+            lanes, total = np.empty(SUM_LANES * (hi - lo), kind), np.empty(hi - lo, kind)
+        else:
+            lanes, total = np.empty(SUM_LANES, kind), _NO_SCRATCH[compute]
+        k(src, base, r.starts[lo:hi], r.steps, r.stride, r.n, vals[lo:hi], mean, kind(n), lanes,
+          total)
+
+    _by_rows(run, r, x.numel())
+    core.launch("vector", x.numel(), x._nd.nbytes + vals.nbytes)
     if out_dtype == torch.int64:
         numerics.wrap_int64(out._nd, "sum")
     return out
@@ -530,8 +578,9 @@ def extreme(op, x, dims, keepdim, want_max, values=True, indices=True):
     if compute == "f32" and not indices:
         k = kernel("extreme_values", x.dtype, x.dtype, compute, op)
         r = rows(x, dims)
-        vals = out._nd.reshape(-1)
-        k(flat(x), x.storage_offset(), r.starts, r.steps, r.stride, r.n, vals, want_max)
+        src, base, vals = flat(x), x.storage_offset(), out._nd.reshape(-1)
+        _by_rows(lambda lo, hi: k(src, base, r.starts[lo:hi], r.steps, r.stride, r.n,
+                                  vals[lo:hi], want_max), r, x.numel())
         core.launch("vector", x.numel(), x._nd.nbytes + vals.nbytes)
         return out, idx
     k = kernel("extreme", x.dtype, x.dtype, compute, op)
@@ -657,7 +706,8 @@ def std_mean(x, dim=None, *, correction=None, keepdim=False):
 def fold(op, x, dims, keepdim, mode, out_dtype, p=0.0):
     compute = "f32" if out_dtype.is_floating_point else "int"
     out = T.empty(out_shape(x, dims, keepdim), out_dtype)
-    launch(kernel("fold", x.dtype, out_dtype, compute, op, exact=True), x, dims, [out], mode,
+    family = "lane_norm" if compute == "f32" and mode in (NORM_1, NORM_2) else "fold"
+    launch(kernel(family, x.dtype, out_dtype, compute, op, exact=True), x, dims, [out], mode,
            _CAST[compute](p))
     if out_dtype == torch.int64:
         numerics.wrap_int64(out._nd, "prod" if mode == PROD else "reduction")
