@@ -119,7 +119,7 @@ for _name, _fn in [
     ("acosh", lambda x: acosh_f32(x)), ("atanh", lambda x: atanh_f32(x)),
 ]:
     define(_name, _fn, [getattr(aten, _name).default], operands=1, kind="int_to_float",
-           engine="scalar")
+           engine="scalar", inline=_name in ("sin", "cos"))  # (Note [Inlined op bodies])
 
 
 def _float(name, fn, nparams=0, engine="scalar", inline=False):

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from neuron_eager.ops.jit import njit
+from neuron_eager.ops.jit import fma as fma64, njit
 from neuron_eager.ops.numerics import f32_as_u32, u32_as_f32
 
 JIT = dict(error_model="numpy", nogil=True, fastmath={"contract"})  # FMA in polynomials
@@ -214,7 +214,7 @@ _PIO2_1, _rest = _split(math.pi / 2, 11)
 _PIO2_2, _rest = _split(_rest, 11)
 _PIO2_1, _PIO2_2, _PIO2_3 = f32(_PIO2_1), f32(_PIO2_2), f32(_rest)
 _TWO_OVER_PI = f32(2 / math.pi)
-_TRIG_MAX = f32(8192)  # n * _PIO2_1 stays exact below; beyond, libm reduces exactly
+_TRIG_MAX = f32(8192)  # n * _PIO2_1 stays exact below (beyond: _reduce_large)
 _SIN_C = tuple(f32((-1) ** k / math.factorial(2 * k + 1)) for k in range(1, 5))
 _COS_C = tuple(f32((-1) ** k / math.factorial(2 * k)) for k in range(2, 6))
 
@@ -241,34 +241,91 @@ def _reduce(x):
     return r, np.int32(n) & np.int32(3)
 
 
-@njit(**JIT)
+# Note [Large trigonometric arguments]
+# From 8192 on, n * pi/2 is no longer exact in three fp32 parts, so large arguments are
+# reduced in float64 with a table: x = m * 2**e (m the 24-bit significand), and
+# x * 2/pi mod 4 = m * T[e] mod 4 with T[e] = 2**e * 2/pi mod 4 as a double-double (from
+# Machin's pi to 400 bits), the product formed exactly with an FMA. The fraction left, times
+# pi/2, is the remainder in [-pi/4, pi/4] to ~2**-70, rounded to fp32 for the polynomials.
+# No libm call: np.sin in a rare branch was an LLVM intrinsic that the vectorizer ran for
+# every element (randn of 1M, Box-Muller's cosine, took 38 ms; now 2 ms).
+def _pi_fixed(bits: int) -> int:
+    """floor(pi * 2**bits), from Machin's formula in integers."""
+    one = 1 << (bits + 16)
+
+    def atan_inv(x: int) -> int:
+        total, term, n, sign = 0, one // x, 1, 1
+        while term:
+            total += sign * (term // n)
+            term //= x * x
+            n, sign = n + 2, -sign
+        return total
+
+    return (16 * atan_inv(5) - 4 * atan_inv(239)) >> 16
+
+
+def _reduction_table():
+    """(hi, lo) float64 arrays: T[e - _E_MIN] = 2**e * 2/pi mod 4 as hi + lo."""
+    from fractions import Fraction
+
+    bits = 400
+    pi = Fraction(_pi_fixed(bits), 1 << bits)
+    his, los = [], []
+    for e in range(_E_MIN, _E_MAX + 1):
+        t = (Fraction(2) ** e * 2 / pi) % 4
+        hi = float(t)
+        his.append(hi)
+        los.append(float(t - Fraction(hi)))
+    return np.array(his), np.array(los)
+
+
+_E_MIN, _E_MAX = 13 - 23, 127 - 23  # x = m * 2**e, 2**13 <= |x| < 2**128
+_T_HI, _T_LO = _reduction_table()
+_PIO2_F64 = math.pi / 2
+
+
+@njit(inline="always", **JIT)
+def _reduce_large(x):
+    """(r, n & 3) for |x| >= 8192 (finite) with x = n * pi/2 + r: Note [Large trigonometric
+    arguments]. Any other x gives a valid (unused) result: the table index is clamped."""
+    u = f32_as_u32(abs(x))
+    m = np.float64((u & np.uint32(0x7FFFFF)) | np.uint32(0x800000))
+    k = min(max(np.int32(u >> np.uint32(23)) - np.int32(150) - _E_MIN, 0), _E_MAX - _E_MIN)
+    hi, lo = _T_HI[k], _T_LO[k]
+    p1 = m * hi
+    p2 = np.float64(fma64(m, hi, -p1))  # m * hi = p1 + p2 exactly
+    n1 = np.floor(p1 + 0.5)
+    f = (p1 - n1) + p2 + m * lo
+    n2 = np.floor(f + 0.5)
+    f -= n2
+    n = np.int64(n1) + np.int64(n2)
+    if x < 0:
+        f, n = -f, -n
+    return f32(f * _PIO2_F64), np.int32(n & 3)
+
+
+@njit(inline="always", **JIT)  # (too large for LLVM to inline: a call per element)
 def sin_f32(x):
     x = f32(x)
-    if not abs(x) < _TRIG_MAX:
-        return f32(np.sin(np.float64(x)))  # large, inf or NaN: exact reduction in libm
     r, q = _reduce(x)
-    if q == 0:
-        return _sin_poly(r)
-    if q == 1:
-        return _cos_poly(r)
-    if q == 2:
-        return -_sin_poly(r)
-    return -_cos_poly(r)
+    r_large, q_large = _reduce_large(x)  # (computed always: a branch kept LLVM from
+    if not abs(x) < _TRIG_MAX:  # vectorizing its table loads; a select does not)
+        r, q = r_large, q_large
+    v = _cos_poly(r) if q & 1 else _sin_poly(r)  # (Note [branch-free]: both polynomials,
+    v = -v if q & 2 else v  # then selects; random quadrants mispredicted each branch)
+    return v if abs(x) < _INF else x - x  # inf, NaN: NaN
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)
 def cos_f32(x):
     x = f32(x)
-    if not abs(x) < _TRIG_MAX:
-        return f32(np.cos(np.float64(x)))
     r, q = _reduce(x)
-    if q == 0:
-        return _cos_poly(r)
-    if q == 1:
-        return -_sin_poly(r)
-    if q == 2:
-        return -_cos_poly(r)
-    return _sin_poly(r)
+    r_large, q_large = _reduce_large(x)  # (computed always: a branch kept LLVM from
+    if not abs(x) < _TRIG_MAX:  # vectorizing its table loads; a select does not)
+        r, q = r_large, q_large
+    v = _sin_poly(r) if q & 1 else _cos_poly(r)  # (as sin_f32)
+    v = -v if (q + 1) & 2 else v
+    return v if abs(x) < _INF else x - x
 
 
 @njit(**JIT)

@@ -179,6 +179,21 @@ def test_stable_sort_and_nan(seed):
     check_op(lambda t: t.sort(), torch.rand(7) > 0.5)
 
 
+@pytest.mark.parametrize("k", [1, 5, 64, 65])  # by selection up to 64, by sorting above
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_is_the_head_of_the_stable_sort(k, largest, seed):
+    # ties, NaN and an ascending run (selection's worst case): the first k of the stable sort
+    x = torch.randint(0, 20, (6, 300)).float()
+    x[:, ::37] = float("nan")
+    x[0] = torch.arange(300.0)
+    for t, dim in ((x, 1), (x.t(), 0), (x.to(torch.int32), 1)):
+        top = torch.topk(t.to("neuron"), k, dim, largest)
+        ordered = torch.sort(t, dim=dim, descending=largest, stable=True)  # the CPU's
+        assert torch.equal(top.indices.cpu(), ordered.indices.narrow(dim, 0, k))
+        torch.testing.assert_close(top.values.cpu(), ordered.values.narrow(dim, 0, k),
+                                   rtol=0, atol=0, equal_nan=True)
+
+
 def test_scalars():
     s = torch.tensor(2.5)
     for fn in (torch.sum, torch.amax, torch.argmax, torch.prod, torch.any,
