@@ -12,7 +12,9 @@ import torch
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops import workers
 from neuron_eager.ops.copy import keeps_channels_last
+from neuron_eager.ops.elementwise import SPLIT_MIN
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.matmul import (compute_dtype, gemm_values, narrow_into, raise_like_cpu, rate,
                                      result_buffer, widen)
@@ -25,64 +27,104 @@ NeuronTensor = T.NeuronTensor
 # -- kernels ---------------------------------------------------------------------------------
 # g: N, C, D, H, W, x strides (n, c, d, h, w), kd, kh, kw, Do, Ho, Wo, stride (d, h, w),
 #    padding (d, h, w), dilation (d, h, w). 1-D and 2-D convolutions have D = kd = 1.
+# Note [Column runs]: for one (channel, tap, output row) the in-range output columns are one
+# run [lo, hi) (w = wo * sw + off, off = j * dw - pw): the columns before and after it are
+# padding. The kernels copy or add whole runs (unit-stride loops vectorize) and take a range
+# of samples, so large batches run a share per core; window order, and so every sum's bits,
+# is unchanged.
+@njit(inline="always")
+def _run(off, sw, W, Wo):
+    """[lo, hi): the wo with 0 <= wo * sw + off < W."""
+    lo = 0 if off >= 0 else min((sw - 1 - off) // sw, Wo)
+    hi = min(max((W - off + sw - 1) // sw, 0), Wo)
+    return lo, max(hi, lo)
+
+
 @njit(error_model="numpy", nogil=True)
-def im2col(cols, x, g):
-    """cols[n, ((c*kd + a)*kh + i)*kw + j, (do*Ho + ho)*Wo + wo] = x[n, c, do*sd - pd + a*dd,
-    ho*sh - ph + i*dh, wo*sw - pw + j*dw]. Out-of-range positions are the zero padding."""
+def im2col(lo_n, hi_n, cols, x, g):
+    """cols[((c*kd + a)*kh + i)*kw + j, n, (do*Ho + ho)*Wo + wo] = x[n, c, do*sd - pd + a*dd,
+    ho*sh - ph + i*dh, wo*sw - pw + j*dw] for samples lo_n..hi_n-1: samples side by side in
+    each row, so one GEMM covers the batch. Out-of-range positions are the zero padding (Note
+    [Column runs])."""
     N, C, D, H, W, xn, xc, xd, xh, xw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], \
         g[9]
     kd, kh, kw, Do, Ho, Wo = g[10], g[11], g[12], g[13], g[14], g[15]
     sd, sh, sw, pd, ph, pw, dd, dh, dw = g[16], g[17], g[18], g[19], g[20], g[21], g[22], \
         g[23], g[24]
     zero = cols.dtype.type(0)
-    o = 0
-    for n in range(N):
+    step = sw * xw
+    L = Do * Ho * Wo
+    for n in range(lo_n, hi_n):
         for c in range(C):
             base = n * xn + c * xc
             for a in range(kd):
                 for i in range(kh):
                     for j in range(kw):
+                        o = ((((c * kd + a) * kh + i) * kw + j) * N + n) * L
+                        off = j * dw - pw
+                        lo, hi = _run(off, sw, W, Wo)
                         for do in range(Do):
                             d = do * sd - pd + a * dd
-                            din = 0 <= d < D
                             for ho in range(Ho):
                                 h = ho * sh - ph + i * dh
-                                inside = din and 0 <= h < H
-                                for wo in range(Wo):
-                                    w = wo * sw - pw + j * dw
-                                    if inside and 0 <= w < W:
-                                        cols[o] = x[base + d * xd + h * xh + w * xw]
+                                at = np.uint64(o)
+                                if 0 <= d < D and 0 <= h < H:
+                                    src = base + d * xd + h * xh + off * xw
+                                    for wo in range(lo):
+                                        cols[at + np.uint64(wo)] = zero
+                                    if step == 1:
+                                        for wo in range(lo, hi):
+                                            cols[at + np.uint64(wo)] = x[np.uint64(src + wo)]
                                     else:
-                                        cols[o] = zero
-                                    o += 1
+                                        for wo in range(lo, hi):
+                                            cols[at + np.uint64(wo)] = x[np.uint64(src + wo * step)]
+                                    for wo in range(hi, Wo):
+                                        cols[at + np.uint64(wo)] = zero
+                                else:
+                                    for wo in range(Wo):
+                                        cols[at + np.uint64(wo)] = zero
+                                o += Wo
 
 
 @njit(error_model="numpy", nogil=True)
-def col2im(img, cols, g):
-    """The adjoint of im2col: img (contiguous N, C, D, H, W) += each column entry, window by
-    window in (a, i, j) order, in the compute type. g as for im2col (x strides unused)."""
+def col2im(lo_n, hi_n, img, cols, g):
+    """The adjoint of im2col for samples lo_n..hi_n-1: img (contiguous N, C, D, H, W) += each
+    column entry, window by window in (a, i, j) order, in the compute type. g as for im2col
+    (x strides unused)."""
     N, C, D, H, W = g[0], g[1], g[2], g[3], g[4]
     kd, kh, kw, Do, Ho, Wo = g[10], g[11], g[12], g[13], g[14], g[15]
     sd, sh, sw, pd, ph, pw, dd, dh, dw = g[16], g[17], g[18], g[19], g[20], g[21], g[22], \
         g[23], g[24]
-    o = 0
-    for n in range(N):
+    for n in range(lo_n, hi_n):
+        o = n * C * kd * kh * kw * Do * Ho * Wo
         for c in range(C):
             base = (n * C + c) * D * H * W
             for a in range(kd):
                 for i in range(kh):
                     for j in range(kw):
+                        off = j * dw - pw
+                        lo, hi = _run(off, sw, W, Wo)
                         for do in range(Do):
                             d = do * sd - pd + a * dd
-                            din = 0 <= d < D
                             for ho in range(Ho):
                                 h = ho * sh - ph + i * dh
-                                inside = din and 0 <= h < H
-                                for wo in range(Wo):
-                                    w = wo * sw - pw + j * dw
-                                    if inside and 0 <= w < W:
-                                        img[base + (d * H + h) * W + w] += cols[o]
-                                    o += 1
+                                if 0 <= d < D and 0 <= h < H:
+                                    dst = base + (d * H + h) * W + off
+                                    if sw == 1:
+                                        for wo in range(lo, hi):
+                                            img[np.uint64(dst + wo)] += cols[np.uint64(o + wo)]
+                                    else:
+                                        for wo in range(lo, hi):
+                                            img[np.uint64(dst + wo * sw)] += cols[np.uint64(o + wo)]
+                                o += Wo
+
+
+def by_sample(kernel, n: int, elements: int, args: list) -> None:
+    """kernel(lo, hi, *args) over samples 0..n-1: large work a share of samples per core."""
+    if n > 1 and elements >= SPLIT_MIN:
+        workers.split_rows(kernel, n, args)
+    else:
+        kernel(0, n, *args)
 
 
 # -- geometry --------------------------------------------------------------------------------
@@ -131,23 +173,29 @@ class Conv:
                 "weight": (self.G, Og, self.N * L, CKg)}[which]
 
     def columns(self, image: NeuronTensor) -> np.ndarray:
-        """im2col of the image side, as compute values (N, CK, L). Matmul operands here and
+        """im2col of the image side, as compute values (CK, N, L). Matmul operands here and
         below are staged with `widen(.., True)`: config.auto_cast "matmult" rounds them."""
         _, strides = _five(image)
         cols = np.empty(self.N * self.CK * self.L, compute_dtype(image.dtype))
-        im2col(cols, widen(image, True), self.geometry(strides))
+        by_sample(im2col, self.N, cols.size, [cols, widen(image, True), self.geometry(strides)])
         return cols
 
     def forward(self, out_values: np.ndarray, image: NeuronTensor, weight: NeuronTensor,
                 bias: NeuronTensor | None):
-        """out (N, O, L) = W_g @ cols_g per sample and group, + bias."""
-        Og, CKg, L = self.Og, self.CKg, self.L
+        """out (N, O, L) = W_g @ cols_g per group, + bias: one product (Og, CKg) @ (CKg, N*L)
+        per group, then the samples moved to the front."""
+        Og, CKg, L, N = self.Og, self.CKg, self.L, self.N
         fb = widen(bias) if bias is not None else None
         bs = bias.stride(0) if bias is not None else 0
-        gemm_values(out_values, (self.N, self.G, 1, Og, L, CKg),
+        # (G, Og, N, L), or the result itself for one sample
+        by_group = np.empty(self.O * N * L, out_values.dtype) if N > 1 else out_values
+        gemm_values(by_group, (1, self.G, 1, Og, N * L, CKg),
                     widen(weight, True), (0, Og * CKg, 0, CKg, 1),
-                    self.columns(image), (self.CK * L, CKg * L, 0, L, 1),
+                    self.columns(image), (0, CKg * N * L, 0, N * L, 1),
                     fb, (0, Og * bs, bs, 0), 1, 1 if bias is not None else 0)
+        if N > 1:
+            workers.copy(out_values.reshape(N, self.O, L),
+                         by_group.reshape(self.O, N, L).transpose(1, 0, 2))
         return out_values
 
     def image_grad(self, grad: NeuronTensor, weight: NeuronTensor, dtype, bias=None):
@@ -160,7 +208,7 @@ class Conv:
                     (0, Og * CKg, 0, 1, CKg),
                     fg, (sn, Og * sc, 0, sc, sl))
         img = np.zeros(self.N * self.C * self.D * self.H * self.W, kind)
-        col2im(img, cols, self.geometry())
+        by_sample(col2im, self.N, cols.size, [img, cols, self.geometry()])
         if bias is not None:  # transposed convolution's bias, added before the one rounding
             fb = widen(bias)[np.arange(self.C) * bias.stride(0)]
             img.reshape(self.N, self.C, -1)[:] += fb[:, None]
@@ -171,7 +219,7 @@ class Conv:
         Og, CKg, L = self.Og, self.CKg, self.L
         fg, (sn, sc, sl) = _matrix(grad)
         gemm_values(out_values, (1, self.G, self.N, Og, CKg, L), fg, (0, Og * sc, sn, sc, sl),
-                    self.columns(image), (0, CKg * L, self.CK * L, 1, L))
+                    self.columns(image), (0, CKg * self.N * L, L, 1, self.N * L))
         return out_values
 
 

@@ -70,6 +70,21 @@ def test_transcendentals_keep_special_values():
                                    msg=lambda m: f"{fn.__name__}: {m}")
 
 
+def test_sin_and_cos_of_large_arguments_are_reduced_exactly(seed):
+    # Note [Large trigonometric arguments]: from 8192 up to the largest fp32, both signs,
+    # against float64 libm (exact reduction) rounded to fp32
+    g = torch.Generator().manual_seed(seed)
+    x = torch.cat([8192 + 1e5 * torch.rand(4000, generator=g),
+                   10 ** (4 + 34 * torch.rand(4000, generator=g)),
+                   torch.tensor([8192.0, 2.0 ** 24, 3.4e38, 1e20])])
+    x = torch.cat([x, -x])
+    for fn, ref in ((torch.sin, np.sin), (torch.cos, np.cos)):
+        exact = ref(x.double().numpy())
+        got = fn(x.to("neuron")).cpu().double().numpy()
+        ulps = np.abs(got - exact) / np.spacing(np.abs(exact).astype(np.float32))
+        assert ulps.max() <= numerics_report.TARGET_ULP, (fn.__name__, ulps.max())
+
+
 @pytest.fixture
 def stochastic():
     config.stochastic_rounding = True
