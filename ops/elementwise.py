@@ -19,6 +19,7 @@ from torch._prims_common import compute_elementwise_output_strides
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import kernelgen, numerics, streaming, workers
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.jit import njit
 
 NeuronTensor = T.NeuronTensor
 _promotion_cache: dict = {}
@@ -725,7 +726,7 @@ def copy_into(dst: NeuronTensor, src: NeuronTensor) -> NeuronTensor:
         out_nd = dst._nd
         if src._storage is dst._storage:
             np.copyto(out_nd, src._nd)  # NumPy handles overlapping views
-        else:
+        elif not _transpose_copy(dst, src):
             workers.copy(out_nd, src._nd)
         core.launch("dma", dst.numel(), 2 * out_nd.nbytes)
         return dst
@@ -734,6 +735,43 @@ def copy_into(dst: NeuronTensor, src: NeuronTensor) -> NeuronTensor:
     compute = numerics.compute_type(src.dtype)
     _launch_converted(dst, src, compute)
     return dst
+
+
+# Note [Tiled transposes]: copying a transposed matrix into rows reads it a column at a time,
+# every element from another cache line (NumPy's copy: 4.9 ms for 1024 x 1024 fp32). Copied in
+# 32 x 32 tiles, each tile's lines stay cached until it is done: 1.3 ms on two cores.
+TILE = 32
+
+
+@njit(**kernelgen.JIT_OPTIONS)
+def _copy_tiles(lo, hi, dst, src):
+    """dst[i, j] = src[i, j] for the row tiles lo..hi-1 (of TILE rows each)."""
+    rows, cols = dst.shape
+    for t in range(lo, hi):
+        for j0 in range(0, cols, TILE):
+            for i in range(t * TILE, min((t + 1) * TILE, rows)):
+                for j in range(j0, min(j0 + TILE, cols)):
+                    dst[i, j] = src[i, j]
+
+
+def _transpose_copy(dst: NeuronTensor, src: NeuronTensor) -> bool:
+    """Copy a large matrix whose rows are strided in src into contiguous dst by tiles (Note
+    [Tiled transposes]); False where it does not apply."""
+    if dst.numel() < 1 << 16 or dst._key is None or src.shape != dst.shape:
+        return False
+    shape, (so, si) = kernelgen.coalesce(tuple(dst.shape), [list(dst.stride()),
+                                                             list(src.stride())])
+    if len(shape) != 2 or si[1] == 1 or si[0] == 0 or si[1] == 0:
+        return False
+    size = T.STORAGE_DTYPE[src.dtype].itemsize
+    out = _view_of(dst, shape, [s * size for s in so])
+    arr = _view_of(src, shape, [s * size for s in si])
+    tiles = -(-shape[0] // TILE)
+    if dst.numel() >= SPLIT_MIN and tiles > 1:
+        workers.split_rows(_copy_tiles, tiles, [out, arr])
+    else:
+        _copy_tiles(0, tiles, out, arr)
+    return True
 
 
 def _launch_converted(dst, src, compute):

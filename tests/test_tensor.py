@@ -545,3 +545,15 @@ def test_forward_mode_ad_runs_on_the_device():
     torch.testing.assert_close(jac.cpu(), torch.func.jacfwd(lambda x: torch.tanh(w @ x))(x),
                                rtol=1e-5, atol=1e-6)
     assert neuron_eager.get_fallback_ops() == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_large_transposed_copies_are_the_cpus(dtype):
+    # tiled copies (Note [Tiled transposes] in ops/elementwise.py): edges that are not whole
+    # tiles, strided rows, and a transposed slice of a bigger matrix
+    x = (torch.randn(300, 517) * 100).to(dtype)
+    for view in (lambda t: t.t(), lambda t: t[:, ::2].t(), lambda t: t[10:290, 5:].t(),
+                 lambda t: t.reshape(3, 100, 517).transpose(1, 2)):
+        got = view(x.to("neuron")).contiguous()
+        assert got.is_contiguous() and torch.equal(got.cpu(), view(x).contiguous())
+        assert torch.equal(view(x.to("neuron")).clone().cpu(), view(x).clone())
