@@ -98,6 +98,11 @@ def reset_stats() -> None:
     fusion.history.clear()
 
 
+def _at(file: str, line: int) -> str:
+    """file:line, or the file alone for a backward op (no line: "<autograd backward: ...>")."""
+    return f"{file}:{line}" if line else file
+
+
 def explain(last: int = 5) -> str:
     """The `last` regions run (the latest 16 are kept): why each was flushed, and per group
     its ops, the user lines they were recorded at, how it ran (op by op, fused: compiled,
@@ -105,7 +110,7 @@ def explain(last: int = 5) -> str:
     lines = []
     for reason, count, plan, modes, wheres, site in list(fusion.history)[-last:]:
         lines.append(f"region of {count} ops, flushed by {_REASONS.get(reason, reason)} at "
-                     f"{site[0]}:{site[1]}:")
+                     f"{_at(*site)}:")
         for g, mode in zip(plan.groups, modes):
             name = lambda j: plan.names[j].removesuffix("_plain")  # noqa: E731  (add_plain: add)
             ops = " | ".join(" -> ".join(name(j) for j in member.nodes)
@@ -113,7 +118,7 @@ def explain(last: int = 5) -> str:
             by_line: dict = {}
             for j in g.all_nodes():
                 by_line.setdefault(wheres[j], []).append(name(j))
-            at = ", ".join(f"{f}:{n} ({', '.join(dict.fromkeys(names))})"
+            at = ", ".join(f"{_at(f, n)} ({', '.join(dict.fromkeys(names))})"
                            for (f, n), names in sorted(by_line.items()))
             elements = sum(prod(member.shape) for member in g.batch)
             lines.append(f"  {ops}  [{mode}, {elements} elements]  at {at}")

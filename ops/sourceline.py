@@ -40,13 +40,13 @@ def user_frame(skip: int = 0) -> tuple[str, int]:
     """(file, line) of the innermost frame outside torch and neuron-eager.
 
     Ops that autograd runs on its worker thread have no user frame: they are reported as
-    coming from "<autograd backward>". Adaptive eager asks for every recorded op, so each
+    coming from "<autograd backward: NodeName>" (the autograd node that runs them). Adaptive eager asks for every recorded op, so each
     code object is classified once; `skip` internal frames above the caller are not looked at.
     """
     try:
         frame = sys._getframe(1 + skip)
     except ValueError:  # fewer frames than skipped: a thread that C++ started (autograd's)
-        return "<autograd backward>", 0
+        return _in_backward(), 0
     while frame is not None:
         code = frame.f_code
         try:
@@ -58,7 +58,14 @@ def user_frame(skip: int = 0) -> tuple[str, int]:
         if not internal:
             return code.co_filename, frame.f_lineno
         frame = frame.f_back
-    return "<autograd backward>", 0
+    return _in_backward(), 0
+
+
+def _in_backward() -> str:
+    """The stand-in for a backward op's user line, naming the autograd node running it (its
+    forward op: MulBackward0 came from a mul)."""
+    node = torch._C._current_autograd_node()
+    return f"<autograd backward: {node.name()}>" if node is not None else "<autograd backward>"
 
 
 # The built-in workloads are model code, written as a user writes it: their lines are the
