@@ -190,21 +190,41 @@ def _put(out, src, idx, shape, ostr, sstr, istr, odim, n):
 def _make_put_reduce(combine, load, lacc, sacc):
     @njit(**_JIT)
     def put_reduce(acc, src, idx, shape, astr, sstr, istr, adim, n, alpha, skip):
+        # (unsigned offsets, as in _take; one index for a whole inner run, as index_add_ over
+        # rows and scatter_add_ with an expanded index give, updates the run as a row)
         d0, d1, d2, d3 = shape
+        as3, ss3, is3 = astr[3], sstr[3], istr[3]
         for i0 in range(d0):
             for i1 in range(d1):
                 for i2 in range(d2):
                     a = i0 * astr[0] + i1 * astr[1] + i2 * astr[2]
                     s = i0 * sstr[0] + i1 * sstr[1] + i2 * sstr[2]
                     j = i0 * istr[0] + i1 * istr[1] + i2 * istr[2]
-                    for i3 in range(d3):
-                        k = idx[j + i3 * istr[3]]
-                        if k < 0:
-                            k += n
+                    if is3 == 0:
+                        k = idx[np.uint64(j)]
+                        k = k + n if k < 0 else k
                         if k == skip:
                             continue
-                        p = a + i3 * astr[3] + k * adim
-                        acc[p] = sacc(combine(lacc(acc[p]), load(src[s + i3 * sstr[3]]), alpha))
+                        ua, us = np.uint64(a + k * adim), np.uint64(s)
+                        if as3 == 1 and ss3 == 1:
+                            for i3 in range(d3):
+                                p = ua + np.uint64(i3)
+                                acc[p] = sacc(combine(lacc(acc[p]), load(src[us + np.uint64(i3)]),
+                                                      alpha))
+                        else:
+                            for i3 in range(d3):
+                                p = np.uint64(a + k * adim + i3 * as3)
+                                acc[p] = sacc(combine(lacc(acc[p]),
+                                                      load(src[np.uint64(s + i3 * ss3)]), alpha))
+                        continue
+                    for i3 in range(d3):
+                        k = idx[np.uint64(j + i3 * is3)]
+                        k = k + n if k < 0 else k
+                        if k == skip:
+                            continue
+                        p = np.uint64(a + i3 * as3 + k * adim)
+                        acc[p] = sacc(combine(lacc(acc[p]), load(src[np.uint64(s + i3 * ss3)]),
+                                              alpha))
 
     return put_reduce
 

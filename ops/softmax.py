@@ -79,37 +79,43 @@ def _forward_lastdim(mode: str, load, store):
 def _forward_inner(mode: str, load, store):
     log, safe = mode == LOG_SOFTMAX, mode == SAFE_SOFTMAX
 
-    def kernel(out, x, so, sn, si, outer, n, inner):
-        # Rows along a dim with `inner` > 1 elements after it: statistics per inner position.
+    def kernel(lo, hi, out, x, so, sn, si, n, inner):
+        # Rows along a dim with `inner` > 1 elements after it: statistics per inner position,
+        # each pass a loop over the inner positions (vectorized; unsigned offsets).
         row = np.empty(n * inner, np.float32)
         mx = np.empty(inner, np.float32)
         total = np.empty(inner, np.float32)
-        for o in range(outer):
+        for o in range(lo, hi):
             mx[:] = _NEG_INF
             total[:] = _0
             for j in range(n):
+                src = np.uint64(o * so + j * sn)
+                at = np.uint64(j * inner)
                 for i in range(inner):
-                    v = load(x[o * so + j * sn + i * si])
-                    row[j * inner + i] = v
-                    if v > mx[i] or v != v:
-                        mx[i] = v
+                    v = load(x[src + np.uint64(i * si)])
+                    row[at + np.uint64(i)] = v
+                    m = mx[i]
+                    mx[i] = v if (v > m or v != v) and m == m else m
             for j in range(n):
+                at = np.uint64(j * inner)
                 for i in range(inner):
-                    v = row[j * inner + i] - mx[i]
+                    v = row[at + np.uint64(i)] - mx[i]
                     e = exp_f32(v)
                     total[i] += e
-                    row[j * inner + i] = v if log else e
+                    row[at + np.uint64(i)] = v if log else e
             if log:
                 for i in range(inner):
                     total[i] = log_f32(total[i])
             for j in range(n):
+                at = np.uint64(j * inner)
+                dst = np.uint64((o * n + j) * inner)
                 for i in range(inner):
-                    r = row[j * inner + i]
+                    r = row[at + np.uint64(i)]
                     if log:
                         v = r - total[i]
                     else:
                         v = _0 if safe and mx[i] == _NEG_INF else r / total[i]
-                    out[(o * n + j) * inner + i] = store(v)
+                    out[dst + np.uint64(i)] = store(v)
 
     return njit(**kernelgen.JIT_OPTIONS)(kernel)
 
@@ -140,21 +146,24 @@ def _backward_lastdim(log: bool, load_g, load_y, store):
 
 
 def _backward_inner(log: bool, load_g, load_y, store):
-    def kernel(out, g, y, g0, g1, g2, y0, y1, y2, outer, n, inner):
+    def kernel(lo, hi, out, g, y, g0, g1, g2, y0, y1, y2, n, inner):
+        # as _forward_inner: passes over the inner positions, unsigned offsets
         total = np.empty(inner, np.float32)
-        for o in range(outer):
+        for o in range(lo, hi):
             total[:] = _0
             for j in range(n):
-                gb, yb = o * g0 + j * g1, o * y0 + j * y1
+                gb, yb = np.uint64(o * g0 + j * g1), np.uint64(o * y0 + j * y1)
                 for i in range(inner):
-                    gv = load_g(g[gb + i * g2])
-                    total[i] += gv if log else gv * load_y(y[yb + i * y2])
+                    gv = load_g(g[gb + np.uint64(i * g2)])
+                    total[i] += gv if log else gv * load_y(y[yb + np.uint64(i * y2)])
             for j in range(n):
-                gb, yb, base = o * g0 + j * g1, o * y0 + j * y1, (o * n + j) * inner
+                gb, yb = np.uint64(o * g0 + j * g1), np.uint64(o * y0 + j * y1)
+                base = np.uint64((o * n + j) * inner)
                 for i in range(inner):
-                    gv, yv = load_g(g[gb + i * g2]), load_y(y[yb + i * y2])
+                    gv, yv = load_g(g[gb + np.uint64(i * g2)]), load_y(y[yb + np.uint64(i * y2)])
                     t = total[i]
-                    out[base + i] = store(gv - exp_f32(yv) * t if log else yv * (gv - t))
+                    out[base + np.uint64(i)] = store(gv - exp_f32(yv) * t if log
+                                                     else yv * (gv - t))
 
     return njit(**kernelgen.JIT_OPTIONS)(kernel)
 
@@ -225,7 +234,7 @@ def _forward(mode: str, x: NeuronTensor, dim: int, out_dtype: torch.dtype) -> Ne
     if inner == 1:
         _rows_side_by_side(kernel, outer, n, [out_flat, flat, so, sn, n])
     else:
-        kernel(out_flat, flat, so, sn, si, outer, n, inner)
+        _rows_side_by_side(kernel, outer, n * inner, [out_flat, flat, so, sn, si, n, inner])
     core.launch("scalar", out.numel(), x._nd.nbytes + out_flat.nbytes)
     return out
 
@@ -251,7 +260,8 @@ def _backward(log: bool, grad: NeuronTensor, output: NeuronTensor, dim: int,
         _rows_side_by_side(kernel, sizes[0], sizes[1], [out_flat, g, y, gs[0], gs[1], ys[0],
                                                         ys[1], sizes[1]])
     else:
-        kernel(out_flat, g, y, *gs, *ys, *sizes)
+        _rows_side_by_side(kernel, sizes[0], sizes[1] * sizes[2],
+                           [out_flat, g, y, *gs, *ys, sizes[1], sizes[2]])
     core.launch("scalar" if log else "vector", out.numel(),
                 grad._nd.nbytes + output._nd.nbytes + out_flat.nbytes)
     return out
