@@ -20,6 +20,7 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.numerics import SUM_BLOCK, SUM_LANES, fold_lanes, lane_sum, row_extreme
 from neuron_eager.ops.elementwise import SPLIT_MIN
+from neuron_eager.ops.fastmath import exp_f32, log_f32
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sourceline import warn_at_user_line
 
@@ -415,21 +416,24 @@ def var_kernel(src, base, starts, steps, stride, n, var_out, mean_out, dof, take
 
 
 def logsumexp_kernel(src, base, starts, steps, stride, n, out):
-    """Shifted by the row max, as torch.logsumexp; an infinite max shifts by 0."""
-    gathered = steps.size > 0
+    """Shifted by the row max, as torch.logsumexp (an infinite max shifts by 0): the row
+    staged in fp32, the engines' exp and log (ops/fastmath.py: NumPy's are libm calls, one
+    element at a time), a lane sum (Note [Sum order])."""
+    row = np.empty(n, np.float32)
+    lanes = np.empty(SUM_LANES, np.float32)
     for r in range(starts.size):
-        s0 = base + starts[r]
-        m = load(src[s0])
-        for i in range(1, n):
-            v = load(src[s0 + (steps[i] if gathered else i * stride)])
-            if v != v or v > m:
-                m = v
+        s0 = np.uint64(base + starts[r])
+        if stride == 1 and steps.size == 0:
+            for i in range(n):
+                row[i] = load(src[s0 + np.uint64(i)])
+        else:
+            stage(row, src, s0, steps, stride, n)
+        m = row_extreme(row, n, True)
         if m == np.inf or m == -np.inf:
-            m = cast(0)
-        acc = cast(0)
+            m = np.float32(0)
         for i in range(n):
-            acc += np.exp(load(src[s0 + (steps[i] if gathered else i * stride)]) - m)
-        out[r] = store(np.log(acc) + m)
+            row[i] = exp_f32(row[i] - m)
+        out[r] = store(log_f32(lane_sum(row, n, lanes)) + m)
 
 
 # fold modes: the reductions that are not hot share one kernel with a mode switch
