@@ -348,19 +348,19 @@ def extreme_values_kernel(src, base, starts, steps, stride, n, vals, want_max):
     row = np.empty(n, np.float32)
     for r in range(starts.size):
         s0 = np.uint64(base + starts[r])
-        if stride == 1 and steps.size == 0:
-            for i in range(n):
-                row[i] = load(src[s0 + np.uint64(i)])
-        else:  # (out of line: inlined, this loop kept LLVM from vectorizing the others, 3x)
-            stage(row, src, s0, steps, stride, n)
+        stage(row, src, s0, steps, stride, n)
         vals[r] = store(row_extreme(row, n, want_max))
 
 
 def stage_kernel(row, src, s0, steps, stride, n):
-    """row[0:n] = a strided or gathered row from offset s0, in the compute type."""
+    """row[0:n] = the row at offset s0, in the compute type. (Called, not inlined: a kernel
+    holding these loops and its own vectorized ones ran those 3x slower.)"""
     if steps.size:
         for i in range(n):
             row[i] = load(src[s0 + np.uint64(steps[i])])
+    elif stride == 1:
+        for i in range(n):
+            row[i] = load(src[s0 + np.uint64(i)])
     else:
         for i in range(n):
             row[i] = load(src[s0 + np.uint64(i) * np.uint64(stride)])
@@ -374,11 +374,7 @@ def lane_norm_kernel(src, base, starts, steps, stride, n, out, mode, p):
     squares = mode == NORM_2
     for r in range(starts.size):
         s0 = np.uint64(base + starts[r])
-        if stride == 1 and steps.size == 0:
-            for i in range(n):
-                terms[i] = load(src[s0 + np.uint64(i)])
-        else:
-            stage(terms, src, s0, steps, stride, n)
+        stage(terms, src, s0, steps, stride, n)
         if squares:
             for i in range(n):
                 terms[i] *= terms[i]
@@ -423,11 +419,7 @@ def logsumexp_kernel(src, base, starts, steps, stride, n, out):
     lanes = np.empty(SUM_LANES, np.float32)
     for r in range(starts.size):
         s0 = np.uint64(base + starts[r])
-        if stride == 1 and steps.size == 0:
-            for i in range(n):
-                row[i] = load(src[s0 + np.uint64(i)])
-        else:
-            stage(row, src, s0, steps, stride, n)
+        stage(row, src, s0, steps, stride, n)
         m = row_extreme(row, n, True)
         if m == np.inf or m == -np.inf:
             m = np.float32(0)
