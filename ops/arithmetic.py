@@ -145,8 +145,8 @@ def _no_bool_neg(x):
 def _no_bool(cpu_name):
     """A check raising the CPU's error for bool operands (abs, floor, ... have no bool
     kernel there; `sign` has one)."""
-    def check(*operands):
-        if E.result_type(*operands) == torch.bool:
+    def check(*operands):  # (the result is bool exactly when every operand is)
+        if all(_is_bool(o) for o in operands):
             raise NotImplementedError(f"\"{cpu_name}\" not implemented for 'Bool'")
     return check
 
