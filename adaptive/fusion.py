@@ -284,7 +284,7 @@ def _batch(region, groups: list) -> list:
     kept: list = []
     heads: list = []  # indices in `kept` of batches that later groups may join
     for g in groups:
-        if g.spec is None or prod(g.shape) >= E.SPLIT_MIN:
+        if g.spec is None or prod(g.shape) >= workers.SPLIT_MIN:
             kept.append(g)
             continue
         for at in reversed(heads):
@@ -626,7 +626,7 @@ def _run_kernel(region, values, g: Group, split: bool) -> bool:
         stats["cache_misses"] += 1
         return True
     layout = g.spec[0]  # flat loops split by elements, row kernels by rows (2-D views)
-    if split and prod(g.shape) >= E.SPLIT_MIN and (
+    if split and prod(g.shape) >= workers.SPLIT_MIN and (
             E.splits(layout, args[0].shape) if layout != "r" else args[0].shape[0] > 1):
         workers.split_call(kernel, args[0], args[1:])
     else:

@@ -12,6 +12,7 @@ from neuron_eager.ops import (  # noqa: F401
     conv,
     copy,
     factories,
+    folds,
     foreach,
     gamma,
     grouped_mm,

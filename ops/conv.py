@@ -14,7 +14,6 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops import workers
 from neuron_eager.ops.copy import keeps_channels_last
-from neuron_eager.ops.elementwise import SPLIT_MIN
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.matmul import (compute_dtype, gemm_values, narrow_into, raise_like_cpu, rate,
                                      result_buffer, widen)
@@ -91,7 +90,7 @@ def col2im(lo_n, hi_n, img, cols, g):
     """The adjoint of im2col for samples lo_n..hi_n-1: img (contiguous N, C, D, H, W) += each
     column entry, window by window in (a, i, j) order, in the compute type. g as for im2col
     (x strides unused)."""
-    N, C, D, H, W = g[0], g[1], g[2], g[3], g[4]
+    C, D, H, W = g[1], g[2], g[3], g[4]
     kd, kh, kw, Do, Ho, Wo = g[10], g[11], g[12], g[13], g[14], g[15]
     sd, sh, sw, pd, ph, pw, dd, dh, dw = g[16], g[17], g[18], g[19], g[20], g[21], g[22], \
         g[23], g[24]
@@ -117,14 +116,6 @@ def col2im(lo_n, hi_n, img, cols, g):
                                         for wo in range(lo, hi):
                                             img[np.uint64(dst + wo * sw)] += cols[np.uint64(o + wo)]
                                 o += Wo
-
-
-def by_sample(kernel, n: int, elements: int, args: list) -> None:
-    """kernel(lo, hi, *args) over samples 0..n-1: large work a share of samples per core."""
-    if n > 1 and elements >= SPLIT_MIN:
-        workers.split_rows(kernel, n, args)
-    else:
-        kernel(0, n, *args)
 
 
 # -- geometry --------------------------------------------------------------------------------
@@ -177,7 +168,8 @@ class Conv:
         below are staged with `widen(.., True)`: config.auto_cast "matmult" rounds them."""
         _, strides = _five(image)
         cols = np.empty(self.N * self.CK * self.L, compute_dtype(image.dtype))
-        by_sample(im2col, self.N, cols.size, [cols, widen(image, True), self.geometry(strides)])
+        workers.share_rows(im2col, self.N, cols.size,
+                           [cols, widen(image, True), self.geometry(strides)])
         return cols
 
     def forward(self, out_values: np.ndarray, image: NeuronTensor, weight: NeuronTensor,
@@ -208,7 +200,7 @@ class Conv:
                     (0, Og * CKg, 0, 1, CKg),
                     fg, (sn, Og * sc, 0, sc, sl))
         img = np.zeros(self.N * self.C * self.D * self.H * self.W, kind)
-        by_sample(col2im, self.N, cols.size, [img, cols, self.geometry()])
+        workers.share_rows(col2im, self.N, cols.size, [img, cols, self.geometry()])
         if bias is not None:  # transposed convolution's bias, added before the one rounding
             fb = widen(bias)[np.arange(self.C) * bias.stride(0)]
             img.reshape(self.N, self.C, -1)[:] += fb[:, None]

@@ -17,9 +17,8 @@ import torch
 from torch._prims_common import compute_elementwise_output_strides
 
 from neuron_eager.device_sim import config, core
-from neuron_eager.ops import kernelgen, numerics, streaming, workers
+from neuron_eager.ops import kernelgen, numerics, streaming, transpose, workers
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.jit import njit
 
 NeuronTensor = T.NeuronTensor
 _promotion_cache: dict = {}
@@ -258,11 +257,6 @@ def result_type(*operands) -> torch.dtype:
 _SCALAR_TYPES = (float, int, bool)
 _fast_plans: dict = {}
 
-# Large contiguous kernels run in slices, one per core (ops/workers.py). Stochastic kernels
-# don't split: their noise is seeded per launch on the calling thread (Note [stochastic
-# rounding noise]).
-SPLIT_MIN = 1 << 18
-
 
 def _run_contiguous(op: Elementwise, operands, params):
     """The common case in one pass: contiguous same-shape tensors and Python scalars.
@@ -322,7 +316,7 @@ def _run_fast(op, kernel, out_arr, args, params, cast, exact, reads_of_out, stre
                                                       if type(a) is np.ndarray)
     if params:
         args += [cast(p) for p in params]
-    if n < SPLIT_MIN:
+    if n < workers.SPLIT_MIN:
         kernel(out_arr, *args)
     else:
         workers.split_call(streams and streaming.kernel_for(op.name, out_arr, args) or kernel,
@@ -636,8 +630,8 @@ def _plan_launch(op: Elementwise, operands, out: NeuronTensor, shape, compute: s
         config.stochastic_rounding and out.dtype in (torch.bfloat16, torch.float16))
     moved = n * out.element_size() * (1 + aliased) + sum(
         prod(shape_) * a.element_size() for a, (shape_, _) in zip(tensors[1:], views[1:]))
-    return (tuple(shape), n, kernel, n >= SPLIT_MIN and splits(layout, views[0][0]), views,
-            args, cast, out_code == "i64x", moved, op)
+    split = n >= workers.SPLIT_MIN and splits(layout, views[0][0])
+    return (tuple(shape), n, kernel, split, views, args, cast, out_code == "i64x", moved, op)
 
 
 def splits(layout: str, out_shape) -> bool:
@@ -726,7 +720,7 @@ def copy_into(dst: NeuronTensor, src: NeuronTensor) -> NeuronTensor:
         out_nd = dst._nd
         if src._storage is dst._storage:
             np.copyto(out_nd, src._nd)  # NumPy handles overlapping views
-        elif not _transpose_copy(dst, src):
+        elif out_nd.size < transpose.MIN_ELEMENTS or not transpose.copy_transposed(dst, src):
             workers.copy(out_nd, src._nd)
         core.launch("dma", dst.numel(), 2 * out_nd.nbytes)
         return dst
@@ -735,43 +729,6 @@ def copy_into(dst: NeuronTensor, src: NeuronTensor) -> NeuronTensor:
     compute = numerics.compute_type(src.dtype)
     _launch_converted(dst, src, compute)
     return dst
-
-
-# Note [Tiled transposes]: copying a transposed matrix into rows reads it a column at a time,
-# every element from another cache line (NumPy's copy: 4.9 ms for 1024 x 1024 fp32). Copied in
-# 32 x 32 tiles, each tile's lines stay cached until it is done: 1.3 ms on two cores.
-TILE = 32
-
-
-@njit(**kernelgen.JIT_OPTIONS)
-def _copy_tiles(lo, hi, dst, src):
-    """dst[i, j] = src[i, j] for the row tiles lo..hi-1 (of TILE rows each)."""
-    rows, cols = dst.shape
-    for t in range(lo, hi):
-        for j0 in range(0, cols, TILE):
-            for i in range(t * TILE, min((t + 1) * TILE, rows)):
-                for j in range(j0, min(j0 + TILE, cols)):
-                    dst[i, j] = src[i, j]
-
-
-def _transpose_copy(dst: NeuronTensor, src: NeuronTensor) -> bool:
-    """Copy a large matrix whose rows are strided in src into contiguous dst by tiles (Note
-    [Tiled transposes]); False where it does not apply."""
-    if dst.numel() < 1 << 16 or dst._key is None or src.shape != dst.shape:
-        return False
-    shape, (so, si) = kernelgen.coalesce(tuple(dst.shape), [list(dst.stride()),
-                                                             list(src.stride())])
-    if len(shape) != 2 or si[1] == 1 or si[0] == 0 or si[1] == 0:
-        return False
-    size = T.STORAGE_DTYPE[src.dtype].itemsize
-    out = _view_of(dst, shape, [s * size for s in so])
-    arr = _view_of(src, shape, [s * size for s in si])
-    tiles = -(-shape[0] // TILE)
-    if dst.numel() >= SPLIT_MIN and tiles > 1:
-        workers.split_rows(_copy_tiles, tiles, [out, arr])
-    else:
-        _copy_tiles(0, tiles, out, arr)
-    return True
 
 
 def _launch_converted(dst, src, compute):
@@ -794,7 +751,7 @@ def _launch_converted(dst, src, compute):
         "convert", numerics.identity, 0, (kind,), (numerics.CODE[src.dtype],), compute,
         numerics.CODE[dst.dtype], layout,
         config.stochastic_rounding and dst.dtype in (torch.bfloat16, torch.float16))
-    if dst.numel() >= SPLIT_MIN and splits(layout, out_arr.shape):  # a slice per core
+    if dst.numel() >= workers.SPLIT_MIN and splits(layout, out_arr.shape):  # a slice per core
         workers.split_call(kernel, out_arr, [arr])
     else:
         kernel(out_arr, arr)

@@ -187,7 +187,7 @@ _AS_F32 = numerics.loader("f32", "f32")
 # (layer norm: groups = per_w = 1; group norm: a row is one group, per_w = H*W).
 # A row is staged in fp32 and walked in passes that each vectorize; its sums are lane sums
 # in the order of Note [Sum order] (ops/numerics.py). Kernels take a range of rows: large
-# inputs run a share per core (workers.split_rows).
+# inputs run a share per core (workers.share_rows).
 def _build_row_norm(load, store):
     @njit(**JIT_OPTIONS)
     def row_norm(lo, hi, x, w, b, out, mean, rstd, groups, per_w, eps):
@@ -293,10 +293,7 @@ def row_norm(x, weight, bias, stat_shape, stat_dtype, rows, length, groups, per_
         args = [x._nd.reshape(rows, length), w._nd, b._nd, out_stage._nd.reshape(rows, length),
                 mean_stage._nd.reshape(rows), rstd_stage._nd.reshape(rows), groups, per_w,
                 np.float32(eps)]
-        if rows > 1 and x.numel() >= E.SPLIT_MIN:
-            workers.split_rows(kernel, rows, args)
-        else:
-            kernel(0, rows, *args)
+        workers.share_rows(kernel, rows, x.numel(), args)
         core.launch("vector", x.numel(), 2 * x._nd.nbytes + 8 * rows)
     elif rows:  # empty rows: mean 0 and rstd NaN, as on CPU
         mean_stage._nd[...] = 0
@@ -340,11 +337,8 @@ def row_norm_backward(g, x, mean, rstd, weight, rows, length, groups, per_w, wan
         chunks = len(bounds) - 1
         gws = np.empty((chunks, gw._nd.shape[0]), np.float32)
         gbs = np.empty_like(gws)
-        chunked = [_chunked(kernel), bounds, args, gws, gbs, groups, per_w, want_gx]
-        if chunks > 1 and x.numel() >= E.SPLIT_MIN:
-            workers.split_rows(chunked[0], chunks, chunked[1:])
-        else:
-            chunked[0](0, chunks, *chunked[1:])
+        workers.share_rows(_chunked(kernel), chunks, x.numel(),
+                           [bounds, args, gws, gbs, groups, per_w, want_gx])
         gw._nd[...] = gws[0]
         gb._nd[...] = gbs[0]
         for k in range(1, chunks):

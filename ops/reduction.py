@@ -1,5 +1,6 @@
-"""Reductions on the Vector engine: sum, mean, prod, amax/amin, max/min, argmax/argmin,
-var/std (+ _mean), any/all, count_nonzero, logsumexp and vector norms.
+"""Reductions on the Vector engine: sum, mean, amax/amin, max/min, argmax/argmin and var/std
+(+ _mean); the row machinery the other reductions share (folds.py: prod, any/all,
+count_nonzero, logsumexp, vector norms; scan.py; selection.py).
 
 Note [Rows]: a reduction sees its input as rows. The reduced dims (in order) form one row;
 the kept dims enumerate rows in the output's order. Kernels read rows straight from storage
@@ -18,9 +19,7 @@ from neuron_eager.device_sim import config, core
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.numerics import SUM_BLOCK, SUM_LANES, fold_lanes, lane_sum, row_extreme
-from neuron_eager.ops.elementwise import SPLIT_MIN
-from neuron_eager.ops.fastmath import exp_f32, log_f32
+from neuron_eager.ops.numerics import SUM_BLOCK, SUM_LANES, fold_lanes, row_extreme
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sourceline import warn_at_user_line
 
@@ -94,10 +93,8 @@ def _by_rows(run, r: Rows, elements: int) -> None:
     result does not depend on the share it falls in). Rows walked side by side need two a
     share; stochastic kernels seed their noise per launch on the calling thread."""
     rows_n = r.starts.size
-    if elements >= SPLIT_MIN and rows_n >= 2 * workers.COUNT and not config.stochastic_rounding:
-        workers.split_rows(run, rows_n, [])
-    else:
-        run(0, rows_n)
+    shared = rows_n >= 2 * workers.COUNT and not config.stochastic_rounding
+    workers.share_rows(run, rows_n, elements if shared else 0, [])
 
 
 # -- dims, dtypes, errors ---------------------------------------------------------------
@@ -163,7 +160,8 @@ def _require_float(x, what: str) -> None:
 # `store` and `cast`. `specialize` compiles a copy whose globals bind those names to one
 # storage format's converters, wrapped as small ordinary jitted functions: LLVM inlines them,
 # and that compiles several times faster than Numba's IR-level inlining at each call site.
-# Each kernel is one flat function (no jitted helpers of its own), again for compile time.
+# Each kernel is one flat function (no jitted helpers of its own), again for compile time,
+# but for `stage`, which copies a row into fp32 out of line (stage_kernel).
 # `kernel.py_func` runs the same loop as plain Python, which pdb can step.
 
 
@@ -179,6 +177,11 @@ def store(v):
 
 def cast(v):
     """Placeholder (Note [Kernel templates]): a number -> the compute type."""
+    raise NotImplementedError
+
+
+def stage(row, src, s0, steps, stride, n):
+    """Placeholder (Note [Kernel templates]): stage_kernel for the input's format."""
     raise NotImplementedError
 
 
@@ -366,25 +369,6 @@ def stage_kernel(row, src, s0, steps, stride, n):
             row[i] = load(src[s0 + np.uint64(i) * np.uint64(stride)])
 
 
-def lane_norm_kernel(src, base, starts, steps, stride, n, out, mode, p):
-    """Float 1- and 2-norms: |v| or v * v staged per row, then a lane sum (Note [Sum order])
-    and, for the 2-norm, its square root."""
-    terms = np.empty(n, np.float32)
-    lanes = np.empty(SUM_LANES, np.float32)
-    squares = mode == NORM_2
-    for r in range(starts.size):
-        s0 = np.uint64(base + starts[r])
-        stage(terms, src, s0, steps, stride, n)
-        if squares:
-            for i in range(n):
-                terms[i] *= terms[i]
-        else:
-            for i in range(n):
-                terms[i] = abs(terms[i])
-        total = lane_sum(terms, n, lanes)
-        out[r] = store(np.sqrt(total) if squares else total)
-
-
 def var_kernel(src, base, starts, steps, stride, n, var_out, mean_out, dof, take_sqrt):
     """Two blocked passes in fp32: the mean, then the sum of squared deviations from it."""
     gathered = steps.size > 0
@@ -411,97 +395,8 @@ def var_kernel(src, base, starts, steps, stride, n, var_out, mean_out, dof, take
         mean_out[r] = store(mean)
 
 
-def logsumexp_kernel(src, base, starts, steps, stride, n, out):
-    """Shifted by the row max, as torch.logsumexp (an infinite max shifts by 0): the row
-    staged in fp32, the engines' exp and log (ops/fastmath.py: NumPy's are libm calls, one
-    element at a time), a lane sum (Note [Sum order])."""
-    row = np.empty(n, np.float32)
-    lanes = np.empty(SUM_LANES, np.float32)
-    for r in range(starts.size):
-        s0 = np.uint64(base + starts[r])
-        stage(row, src, s0, steps, stride, n)
-        m = row_extreme(row, n, True)
-        if m == np.inf or m == -np.inf:
-            m = np.float32(0)
-        for i in range(n):
-            row[i] = exp_f32(row[i] - m)
-        out[r] = store(log_f32(lane_sum(row, n, lanes)) + m)
-
-
-# fold modes: the reductions that are not hot share one kernel with a mode switch
-PROD, NORM_P, NORM_1, NORM_2, NORM_INF, NORM_NEG_INF = range(6)
-
-
-def fold_kernel(src, base, starts, steps, stride, n, out, mode, p):
-    """One step per element by `mode`; sums are blocked as in sum_kernel."""
-    gathered = steps.size > 0
-    additive = mode == NORM_1 or mode == NORM_2 or mode == NORM_P
-    for r in range(starts.size):
-        s0 = base + starts[r]
-        total = cast(0)
-        acc = cast(1) if mode == PROD else cast(0)
-        if mode == NORM_NEG_INF:
-            acc = cast(np.inf)
-        for i in range(n):
-            v = load(src[s0 + (steps[i] if gathered else i * stride)])
-            if mode == PROD:
-                acc *= v
-            elif mode == NORM_P and p == 0:
-                acc += cast(1) if v != 0 else cast(0)
-            elif mode == NORM_1:
-                acc += abs(v)
-            elif mode == NORM_2:
-                acc += v * v
-            elif mode == NORM_P:
-                acc += cast(np.float32(abs(v)) ** np.float32(p))
-            elif v != v:  # inf norms propagate NaN
-                acc = v
-                break
-            elif mode == NORM_INF:
-                acc = max(acc, abs(v))
-            else:
-                acc = min(acc, abs(v))
-            if additive and (i + 1) % BLOCK == 0:
-                total += acc
-                acc = cast(0)
-        if additive:
-            acc += total
-        if mode == NORM_2:
-            acc = cast(np.sqrt(np.float32(acc)))
-        elif mode == NORM_P and p != 0:
-            acc = cast(np.float32(acc) ** (np.float32(1) / np.float32(p)))
-        out[r] = store(acc)
-
-
-ANY, ALL, COUNT = range(3)
-
-
-@njit(**JIT)
-def truth_kernel(src, base, starts, steps, stride, n, out, mode, mask):
-    """any/all/count_nonzero on raw stored bits, one kernel per element width: a value is
-    true when its bits, less a float's sign bit (`mask`), are not all zero (NaN is true)."""
-    gathered = steps.size > 0
-    for r in range(starts.size):
-        s0 = base + starts[r]
-        hits = 0
-        for i in range(n):
-            if src[s0 + (steps[i] if gathered else i * stride)] & mask:
-                hits += 1
-                if mode == ANY:
-                    break
-            elif mode == ALL:
-                break
-        if mode == COUNT:
-            out[r] = hits
-        elif mode == ANY:
-            out[r] = hits > 0
-        else:
-            out[r] = hits == n
-
-
-FAMILIES = {"sum": sum_kernel, "extreme": extreme_kernel, "var": var_kernel, "fold": fold_kernel,
-            "logsumexp": logsumexp_kernel, "extreme_values": extreme_values_kernel,
-            "lane_norm": lane_norm_kernel}
+FAMILIES = {"sum": sum_kernel, "extreme": extreme_kernel, "var": var_kernel,
+            "extreme_values": extreme_values_kernel}  # (and scan.py's, folds.py's)
 
 
 # -- sum, mean ----------------------------------------------------------------------------
@@ -519,7 +414,7 @@ def _sum(op, x, dim, keepdim, dtype, mean=False):
     else:
         out_dtype = int_to_long(x, dtype)
     if x.numel() == 0:
-        return on_empty(op, x, *([] if op in _ALL_DIMS else [dim, keepdim]), dtype=dtype)
+        return on_empty(op, x, *([] if op in ALL_DIMS else [dim, keepdim]), dtype=dtype)
     out = T.empty(out_shape(x, dims, keepdim), out_dtype)
     compute = "f32" if out_dtype.is_floating_point else "int"
     k = kernel("sum", x.dtype, out_dtype, compute, op, exact=True)
@@ -696,155 +591,5 @@ def std_mean(x, dim=None, *, correction=None, keepdim=False):
     return _var(aten.std_mean.correction, x, dim, correction, keepdim, True, True)
 
 
-# -- folds: prod, any, all, count_nonzero, logsumexp, norms ------------------------------
-
-
-def fold(op, x, dims, keepdim, mode, out_dtype, p=0.0):
-    compute = "f32" if out_dtype.is_floating_point else "int"
-    out = T.empty(out_shape(x, dims, keepdim), out_dtype)
-    family = "lane_norm" if compute == "f32" and mode in (NORM_1, NORM_2) else "fold"
-    launch(kernel(family, x.dtype, out_dtype, compute, op, exact=True), x, dims, [out], mode,
-           _CAST[compute](p))
-    if out_dtype == torch.int64:
-        numerics.wrap_int64(out._nd, "prod" if mode == PROD else "reduction")
-    return out
-
-
-def _prod(op, x, dim, keepdim, dtype):
-    dims = wrap_dims(x, dim)
-    if x.numel() == 0:
-        return on_empty(op, x, *([] if dim is None else [dim, keepdim]), dtype=dtype)
-    return fold(op, x, dims, keepdim, PROD, int_to_long(x, dtype))
-
-
-@register(aten.prod.default)
-def prod(x, *, dtype=None):
-    return _prod(aten.prod.default, x, None, False, dtype)
-
-
-@register(aten.prod.dim_int)
-def prod_dim(x, dim, keepdim=False, *, dtype=None):
-    return _prod(aten.prod.dim_int, x, dim, keepdim, dtype)
-
-
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def truth(op, x, dims, keepdim, mode, out_dtype):
-    """any/all (bool, or uint8 for uint8 input) or count_nonzero (int64) over `dims`."""
-    code(x.dtype, op)
-    out = T.empty(out_shape(x, dims, keepdim), out_dtype)
-    bits = x.element_size() * 8
-    unsigned = _UNSIGNED[x.element_size()]
-    mask = unsigned((1 << (bits - 1)) - 1 if x.dtype.is_floating_point else (1 << bits) - 1)
-    result = out._nd.reshape(-1)
-    if out_dtype != torch.int64:
-        result = result.view(np.uint8)
-    r = rows(x, dims)
-    truth_kernel(flat(x).view(unsigned), x.storage_offset(), r.starts, r.steps, r.stride, r.n,
-                 result, mode, mask)
-    core.launch("vector", x.numel(), x._nd.nbytes + result.nbytes)
-    return out
-
-
-def _truth(op, x, dim, keepdim, mode):
-    dims = wrap_dims(x, dim, empty_means_all=False)
-    out_dtype = torch.uint8 if x.dtype == torch.uint8 else torch.bool
-    if x.numel() == 0:
-        return on_empty(op, x, *([] if op in _ALL_DIMS else [dim, keepdim]))
-    return truth(op, x, dims, keepdim, mode, out_dtype)
-
-
-@register(aten.any.default)
-def any_(x):
-    return _truth(aten.any.default, x, None, False, ANY)
-
-
-@register(aten.any.dim, aten.any.dims)
-def any_dim(x, dim=None, keepdim=False):
-    op = aten.any.dim if isinstance(dim, int) else aten.any.dims
-    return _truth(op, x, dim, keepdim, ANY)
-
-
-@register(aten.all.default)
-def all_(x):
-    return _truth(aten.all.default, x, None, False, ALL)
-
-
-@register(aten.all.dim, aten.all.dims)
-def all_dim(x, dim=None, keepdim=False):
-    op = aten.all.dim if isinstance(dim, int) else aten.all.dims
-    return _truth(op, x, dim, keepdim, ALL)
-
-
-@register(aten._is_any_true.default)
-def is_any_true(x):
-    return _truth(aten.any.default, x, None, False, ANY)
-
-
-@register(aten._is_all_true.default)
-def is_all_true(x):
-    return _truth(aten.all.default, x, None, False, ALL)
-
-
-@register(aten.count_nonzero.dim_IntList, aten.count_nonzero.default)
-def count_nonzero(x, dim=None):
-    op = aten.count_nonzero.dim_IntList if isinstance(dim, (list, tuple)) \
-        else aten.count_nonzero.default
-    dims = wrap_dims(x, dim)
-    if x.numel() == 0:
-        return on_empty(op, x, dim)
-    return truth(op, x, dims, False, COUNT, torch.int64)
-
-
-@register(aten.logsumexp.default)
-def logsumexp(x, dim, keepdim=False):
-    if isinstance(dim, (list, tuple)) and len(dim) == 0 and x.numel() and not keepdim \
-            and x.dim():
-        # CPU reduces all dims, then fails to write the [1, ..] result into a 0-dim output
-        raise RuntimeError(f"output with shape [] doesn't match the broadcast shape "
-                           f"{[1] * x.dim()}")
-    dims = wrap_dims(x, dim)
-    out_dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
-    if x.numel() == 0:
-        return on_empty(aten.logsumexp.default, x, dim, keepdim)
-    out = T.empty(out_shape(x, dims, keepdim), out_dtype)
-    launch(kernel("logsumexp", x.dtype, out_dtype, "f32", aten.logsumexp.default), x, dims, [out])
-    return out
-
-
-def _norm_mode(ord) -> int:
-    ord = float(ord)
-    return {2.0: NORM_2, 1.0: NORM_1, float("inf"): NORM_INF,
-            float("-inf"): NORM_NEG_INF}.get(ord, NORM_P)
-
-
-@register(aten.linalg_vector_norm.default)
-def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
-    op = aten.linalg_vector_norm.default
-    if not x.dtype.is_floating_point:
-        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as "
-                           f"input. Got {T.dtype_name(x.dtype)}")
-    if dtype is not None and (not dtype.is_floating_point
-                              or torch.promote_types(x.dtype, dtype) != dtype):
-        raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({T.dtype_name(x.dtype)}) "
-                           f"should be convertible without narrowing to the specified dtype "
-                           f"({T.dtype_name(dtype)})")
-    dims = wrap_dims(x, dim)
-    if x.numel() == 0:
-        return on_empty(op, x, ord, dim, keepdim, dtype=dtype)
-    return fold(op, x, dims, keepdim, _norm_mode(ord), dtype or x.dtype, float(ord))
-
-
-@register(aten.norm.Scalar, aten.norm.ScalarOpt_dtype)
-def norm(x, p=2, *, dtype=None):
-    return linalg_vector_norm(x, 2 if p is None else p, None, False, dtype=dtype)
-
-
-@register(aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype)
-def norm_dim(x, p, dim, keepdim=False, *, dtype=None):
-    return linalg_vector_norm(x, 2 if p is None else p, dim, keepdim, dtype=dtype)
-
-
 # ops whose CPU form for an empty input takes no dim arguments
-_ALL_DIMS = {aten.sum.default, aten.mean.default, aten.any.default, aten.all.default}
+ALL_DIMS = {aten.sum.default, aten.mean.default, aten.any.default, aten.all.default}

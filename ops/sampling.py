@@ -111,11 +111,9 @@ def fill_random(x: NeuronTensor, name: str, a=0.0, b=0.0, p: np.ndarray = _NO_P)
     key, counter = default_generator.take(n)
     sample, out = _sampler(name, numerics.CODE[x.dtype]), target._nd.reshape(-1)
     a, b = _F32(a), _F32(b)
-    if n >= E.SPLIT_MIN:  # element i draws from counter + i wherever it runs: a share per core
-        workers.split_rows(lambda lo, hi: sample(out[lo:hi], key, counter + np.uint64(lo), a, b,
-                                                 p[lo:hi] if p.shape[0] else p), n, [])
-    else:
-        sample(out, key, counter, a, b, p)
+    # element i draws from counter + i wherever it runs: large fills a share per core
+    workers.share_rows(lambda lo, hi: sample(out[lo:hi], key, counter + np.uint64(lo), a, b,
+                                             p[lo:hi] if p.shape[0] else p), n, n, [])
     core.launch("gpsimd", n, target._nd.nbytes)
     return x if target is x else E.copy_into(x, target)
 

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import core
-from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.activation import exp_f32, log_f32
@@ -202,14 +201,6 @@ def _rows(t: NeuronTensor, dim: int):
     return flat, (outer[1], stride[dim], inner[1]), (outer[0], shape[dim], inner[0])
 
 
-def _rows_side_by_side(kernel, rows: int, n: int, args: list) -> None:
-    """kernel(lo, hi, *args) over all rows: large ones a share per core."""
-    if rows > 1 and rows * n >= E.SPLIT_MIN:
-        workers.split_rows(kernel, rows, args)
-    else:
-        kernel(0, rows, *args)
-
-
 def _out_dtype(x: NeuronTensor, half_to_float: bool) -> torch.dtype:
     if not x.dtype.is_floating_point:
         raise RuntimeError(f"\"softmax\" not implemented for '{_dtype_label(x.dtype)}'")
@@ -232,9 +223,9 @@ def _forward(mode: str, x: NeuronTensor, dim: int, out_dtype: torch.dtype) -> Ne
         mode, numerics.loader(codes[0], "f32"), numerics.storer(codes[1])))
     out_flat = out._nd.reshape(-1)
     if inner == 1:
-        _rows_side_by_side(kernel, outer, n, [out_flat, flat, so, sn, n])
+        workers.share_rows(kernel, outer, out.numel(), [out_flat, flat, so, sn, n])
     else:
-        _rows_side_by_side(kernel, outer, n * inner, [out_flat, flat, so, sn, si, n, inner])
+        workers.share_rows(kernel, outer, out.numel(), [out_flat, flat, so, sn, si, n, inner])
     core.launch("scalar", out.numel(), x._nd.nbytes + out_flat.nbytes)
     return out
 
@@ -257,10 +248,10 @@ def _backward(log: bool, grad: NeuronTensor, output: NeuronTensor, dim: int,
         numerics.storer(codes[2])))
     out_flat = out._nd.reshape(-1)
     if sizes[2] == 1:
-        _rows_side_by_side(kernel, sizes[0], sizes[1], [out_flat, g, y, gs[0], gs[1], ys[0],
-                                                        ys[1], sizes[1]])
+        workers.share_rows(kernel, sizes[0], out.numel(), [out_flat, g, y, gs[0], gs[1], ys[0],
+                                                           ys[1], sizes[1]])
     else:
-        _rows_side_by_side(kernel, sizes[0], sizes[1] * sizes[2],
+        workers.share_rows(kernel, sizes[0], out.numel(),
                            [out_flat, g, y, *gs, *ys, sizes[1], sizes[2]])
     core.launch("scalar" if log else "vector", out.numel(),
                 grad._nd.nbytes + output._nd.nbytes + out_flat.nbytes)

@@ -40,8 +40,9 @@ def user_frame(skip: int = 0) -> tuple[str, int]:
     """(file, line) of the innermost frame outside torch and neuron-eager.
 
     Ops that autograd runs on its worker thread have no user frame: they are reported as
-    coming from "<autograd backward: NodeName>" (the autograd node that runs them). Adaptive eager asks for every recorded op, so each
-    code object is classified once; `skip` internal frames above the caller are not looked at.
+    coming from "<autograd backward: NodeName>" (the autograd node that runs them). Adaptive
+    eager asks for every recorded op, so each code object is classified once; `skip`
+    internal frames above the caller are not looked at.
     """
     try:
         frame = sys._getframe(1 + skip)

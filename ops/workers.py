@@ -169,6 +169,21 @@ def split_call(kernel, out: np.ndarray, args: list) -> None:
         out[lo:hi], *[a[lo:hi] if cut else a for a, cut in zip(args, sliced)]])
 
 
+# Kernels from this many elements run in slices, one per core: below, the hand-off costs more
+# than the second core saves. Stochastic kernels don't split: their noise is seeded per
+# launch on the calling thread (Note [stochastic rounding noise]).
+SPLIT_MIN = 1 << 18
+
+
+def share_rows(kernel, rows: int, elements: int, args: list) -> None:
+    """kernel(lo, hi, *args) over rows 0..rows-1: a share of rows per core when there are
+    `elements` >= SPLIT_MIN of them and more than one row, else all on the calling thread."""
+    if rows > 1 and elements >= SPLIT_MIN:
+        split_rows(kernel, rows, args)
+    else:
+        kernel(0, rows, *args)
+
+
 def split_rows(kernel, rows: int, args: list) -> None:
     """kernel(lo, hi, *args) for COUNT ranges [lo, hi) of `rows` run side by side: for row
     kernels that index their arrays themselves (softmax, norms, sums over strided rows)."""

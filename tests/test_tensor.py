@@ -549,7 +549,7 @@ def test_forward_mode_ad_runs_on_the_device():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
 def test_large_transposed_copies_are_the_cpus(dtype):
-    # tiled copies (Note [Tiled transposes] in ops/elementwise.py): edges that are not whole
+    # tiled copies (Note [Tiled transposes] in ops/transpose.py): edges that are not whole
     # tiles, strided rows, and a transposed slice of a bigger matrix
     x = (torch.randn(300, 517) * 100).to(dtype)
     for view in (lambda t: t.t(), lambda t: t[:, ::2].t(), lambda t: t[10:290, 5:].t(),

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import neuron_eager  # noqa: F401
-from neuron_eager.ops import elementwise as E
-from neuron_eager.ops import kernelgen
+from neuron_eager.ops import kernelgen, workers
 
 N = torch.device("neuron")
 BIG = 512  # rows of BIG x 1024 elements: at least SPLIT_MIN, so the loop runs in slices
@@ -28,7 +27,7 @@ def _same(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def test_broadcasting_operands_use_the_broadcast_layout(monkeypatch):
-    assert E.SPLIT_MIN <= BIG * 1024
+    assert workers.SPLIT_MIN <= BIG * 1024
     x, w = _rand(4, 8).to(N), _rand(8, seed=1).to(N)
     layouts, kernel_for = [], kernelgen.elementwise_kernel
 

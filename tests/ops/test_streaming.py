@@ -5,10 +5,9 @@ import pytest
 import torch
 
 import neuron_eager  # noqa: F401
-from neuron_eager.ops import elementwise as E
-from neuron_eager.ops import streaming
+from neuron_eager.ops import streaming, workers
 
-N = E.SPLIT_MIN + 37  # split across the engine workers, odd lengths for heads and tails
+N = workers.SPLIT_MIN + 37  # split across the engine workers, odd lengths: heads and tails
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

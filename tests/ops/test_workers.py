@@ -149,9 +149,7 @@ def test_large_copies_split_across_cores_give_the_cpus_bytes(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32])
 def test_large_dtype_conversions_split_across_cores_give_the_cpus_bits(dtype):
-    from neuron_eager.ops import elementwise as E
-
-    n = E.SPLIT_MIN + 5
+    n = workers.SPLIT_MIN + 5
     x = torch.randn(n) * 1e3
     if dtype.is_floating_point:  # specials where the CPU defines the result
         x[:7] = torch.tensor([float("inf"), -float("inf"), 1e-40, -0.0, 65520.0, 3.5,
@@ -168,9 +166,8 @@ def test_large_strided_loops_split_across_cores_give_the_cpus_bits(monkeypatch):
     # Note [Strided loops in slices] in ops/kernelgen.py: plain eager's ops, a conversion
     # and adaptive eager's fused loops over transposed operands
     from neuron_eager import adaptive
-    from neuron_eager.ops import elementwise as E
 
-    rows = E.SPLIT_MIN // 256 + 3
+    rows = workers.SPLIT_MIN // 256 + 3
     x, y = torch.randn(256, rows), torch.randn(rows, 256)
     xd, yd = x.to(N), y.to(N)
     calls, split = [], workers.split_call
