@@ -88,13 +88,15 @@ class Region:
     keeps tensors alive until the garbage collector runs (Note [No cycles]).
     """
 
-    __slots__ = ("nodes", "inputs", "input_index", "descs", "sigs", "memory", "serial")
+    __slots__ = ("nodes", "inputs", "input_index", "descs", "sigs", "memory", "serial",
+                 "carried")
     _count = 0
 
     def __init__(self):
         Region._count += 1
         self.serial = Region._count
         self.nodes: list[Node] = []
+        self.carried = 0  # its first nodes, left pending by a partial flush (Note [Partial flush])
         self.inputs: list[NeuronTensor] = []
         self.input_index: dict[int, int] = {}
         self.descs: list[tuple] = []  # (dtype, shape, stride) per input
@@ -659,13 +661,17 @@ def materialize(t: NeuronTensor) -> None:
 # run form a region of their own; results the remaining ops read are kept by extra pending
 # references and become inputs of the remaining region. If a needed op writes a tensor's
 # memory that a remaining op still reads the old value of, everything runs instead.
+# An op stays pending through one partial flush, not two: the next one runs it too. Else a
+# loop that reads one tensor a step (a parameter, the loss of one model of two) leaves the
+# other tensors' updates pending step after step, until the buffer limit runs a region that
+# never repeats (its length depends on where the limit fell), op by op, every few steps.
 def _flush_part(wanted: list, reason: str) -> bool:
     """Run only what the `wanted` nodes need; False if that is the whole region (or
     unsafe)."""
     global _region
     region = _region
     nodes = region.nodes
-    need = {n.index for n in wanted}
+    need = {n.index for n in wanted} | set(range(region.carried))
     stack = list(need)
     while stack:
         for kind, ref in nodes[stack.pop()].refs:
@@ -696,6 +702,7 @@ def _flush_part(wanted: list, reason: str) -> bool:
     first, later = Region(), Region()
     _move(region, [nodes[j] for j in sorted(need)], first, {})
     _move(region, rest, later, dict(keepers))
+    later.carried = len(rest)
     _region = later
     run_region(first, reason)
     return True

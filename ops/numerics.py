@@ -425,8 +425,12 @@ def scalar_cast(compute: str, common: torch.dtype | None = None):
 # larger than that order's.
 # Lanes that got no element hold +0 and never -0 (+0 + -0 is +0), so folding them is exact:
 # a block of m < 64 elements skips the levels h >= m, with the same bits.
+# A NaN block sum is the one quiet NaN, +nan: when two NaNs meet (a NaN element and the
+# -nan of inf + -inf), x86 keeps the first operand's, and LLVM may order an add's operands
+# otherwise in a fused kernel than in plain eager's, so the sign would depend on the kernel.
 SUM_LANES = 64  # (fold_lanes spells out the levels of 64)
 SUM_BLOCK = 4096
+_QUIET_NAN = np.float32(np.nan)
 
 
 @njit(inline="always")
@@ -450,7 +454,8 @@ def fold_lanes(lanes, used):
         lanes[1] += lanes[3]
     if used > 1:
         lanes[0] += lanes[1]
-    return lanes[0]
+    total = lanes[0]
+    return total if total == total else _QUIET_NAN
 
 
 @njit(inline="always")

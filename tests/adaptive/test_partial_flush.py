@@ -80,3 +80,33 @@ def test_a_view_read_later_keeps_its_layout():
     with adaptive.adaptive_eager():
         for _ in range(3):
             same_bits(program(), expected)
+
+
+def test_ops_left_by_a_read_run_at_the_next_read():
+    """A loop that updates three tensors a step and reads one: the others' updates stay
+    pending through one read, not more, so the regions repeat (and fuse) instead of growing
+    until the buffer limit runs a region that never repeats op by op."""
+    def steps(tensors, n):
+        firsts = []
+        for _ in range(n):
+            for t in tensors:
+                t.mul_(0.9).add_(1.0).sqrt_()
+            firsts.append(tensors[0][0].item())  # reads the first tensor only
+        return firsts
+
+    start = [torch.rand(16, device=N) for _ in range(3)]
+    adaptive.disable()
+    expected_tensors = [t.clone() for t in start]
+    expected = steps(expected_tensors, 30)
+    with adaptive.adaptive_eager():
+        tensors = [t.clone() for t in start]
+        got = steps(tensors, 10)
+        adaptive.reset_stats()
+        got += steps(tensors, 20)
+        stats = adaptive.stats()
+        assert len(recording._region.nodes) <= 6  # the last step's two other updates
+        assert "buffer limit" not in stats["flush_reasons"]
+        assert stats["unfused_ops"] == 0 and stats["fused_kernels"] == 20
+    assert got == expected
+    for g, e in zip(tensors, expected_tensors):
+        same_bits(g.cpu(), e.cpu())
