@@ -129,6 +129,41 @@ _BY_DESIGN_ERRORS = ("Trainium has no complex dtypes", "sparse tensors are not s
                      "nested tensors are not supported")
 
 
+# Note [Judged by the exact value]
+# Neuron computes 16-bit floats in fp32 and rounds once; some CPU kernels round in between
+# (bf16 trilinear interpolation, cross, addbmm), and their results can be several 16-bit
+# ulps from the exact value where neuron's is not. So a 16-bit result that misses the CPU's
+# is judged again against the op computed in float64 on the CPU: within the dtype's
+# tolerance of that, it passes, with a note saying so in the report and docs/coverage.md.
+_CLOSER_THAN_CPU = "matches the float64 result, not the CPU's"
+
+
+def _compare_or_exact(info, args, kwargs, actual, expected, dtype) -> bool:
+    """_compare; for a 16-bit float that fails it, Note [Judged by the exact value] (True
+    when that is what passed)."""
+    try:
+        _compare(actual, expected, dtype, host_ok=info.name in _HOST_RESULTS)
+        return False
+    except AssertionError:
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise
+        wide = lambda x: x.detach().double() if isinstance(x, torch.Tensor) and \
+            x.is_floating_point() else x  # noqa: E731
+        try:
+            exact = info(*tree_map(wide, _clone(args)), **tree_map(wide, _clone(kwargs)))
+        except Exception:
+            raise AssertionError("no float64 result to judge by") from None
+        rtol, atol = TOLERANCES[dtype]
+        a, e = _leaves(actual), _leaves(exact)
+        if len(a) != len(e):
+            raise
+        for x, y in zip(a, e):
+            torch.testing.assert_close(x.detach().cpu().double(), y.detach().double(),
+                                       rtol=rtol, atol=atol, equal_nan=True,
+                                       check_stride=False)
+        return True
+
+
 def _is_random(info, args, kwargs, first) -> bool:
     """Random ops (sampling, dropout) differ between seeds: compare them by metadata only."""
     if info.name in _METADATA_ONLY or kwargs.get("training") is True:
@@ -210,8 +245,8 @@ def check(info, dtype: torch.dtype, mode: str, max_samples: int) -> Result:
                 _compare_metadata(actual, expected)
             elif info.name in _TIE_ORDER:
                 _compare_ties(info, args, sample.kwargs, actual, expected, dtype)
-            else:
-                _compare(actual, expected, dtype, host_ok=info.name in _HOST_RESULTS)
+            elif _compare_or_exact(info, args, sample.kwargs, actual, expected, dtype):
+                result.message = _CLOSER_THAN_CPU
             if backward and expected_grads is not None:
                 actual_grads = _grads(actual, dev_args)
                 pairs = [(a, e) for a, e in zip(actual_grads, expected_grads) if e is not None]

@@ -19,8 +19,9 @@ from torch._decomp import decomposition_table
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops import workers
 from neuron_eager.ops.copy import keeps_channels_last
-from neuron_eager.ops.jit import njit
+from neuron_eager.ops.jit import fma, njit
 from neuron_eager.ops.matmul import meta_check, narrow_into, result_buffer, widen
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.resample_uint8 import resize_uint8
@@ -52,6 +53,46 @@ def gather(out, x, g, id_, wd, ih, wh, iw, ww):
                             for c in range(iw.shape[1]):
                                 s += x[row + iw[ow, c] * sw] * (wab * ww[ow, c])
                     out[o] = s
+                    o += 1
+
+
+@njit(inline="always")
+def _blend(t0, w0, t1, w1, taps):
+    """t0 * w0 + t1 * w1 as the CPU's compiled expression rounds it: t1 * w1, then a fused
+    multiply-add of t0 * w0 into it; t0 * w0 alone for one tap (a dim of size 1)."""
+    return fma(t0, w0, t1 * w1) if taps == 2 else t0 * w0
+
+
+@njit(error_model="numpy", nogil=True)
+def interpolate(lo, hi, out, x, g, id_, wd, ih, wh, iw, ww):
+    """gather's values (two taps an axis, or one) for planes lo..hi-1, nested as the CPU's
+    separable interpolation: the d taps' blend of the h taps' blends of the w taps' (Note
+    [Linear interpolation]), axis by axis (each input row's w blends once, then whole rows
+    blended: the same operations, vectorized). So a tap of weight 0 on an infinite value
+    gives NaN where the CPU's does, and nowhere else."""
+    C, sn, sc, sd, sh, sw = g[1], g[2], g[3], g[4], g[5], g[6]
+    D, H, Do, Ho, Wo = g[7], g[8], g[10], g[11], g[12]
+    nd, nh, nw = id_.shape[1], ih.shape[1], iw.shape[1]
+    rows = np.empty((D, H, Wo), np.float32)  # blended along w
+    planes = np.empty((D, Ho, Wo), np.float32)  # then along h
+    for p in range(lo, hi):
+        base = (p // C) * sn + (p % C) * sc
+        for d in range(D):
+            for h in range(H):
+                src = base + d * sd + h * sh
+                for ow in range(Wo):
+                    rows[d, h, ow] = _blend(x[src + iw[ow, 0] * sw], ww[ow, 0],
+                                            x[src + iw[ow, nw - 1] * sw], ww[ow, nw - 1], nw)
+            for oh in range(Ho):
+                a, b, w0, w1 = ih[oh, 0], ih[oh, nh - 1], wh[oh, 0], wh[oh, nh - 1]
+                for ow in range(Wo):
+                    planes[d, oh, ow] = _blend(rows[d, a, ow], w0, rows[d, b, ow], w1, nh)
+        o = p * Do * Ho * Wo
+        for od in range(Do):
+            a, b, w0, w1 = id_[od, 0], id_[od, nd - 1], wd[od, 0], wd[od, nd - 1]
+            for oh in range(Ho):
+                for ow in range(Wo):
+                    out[o] = _blend(planes[a, oh, ow], w0, planes[b, oh, ow], w1, nd)
                     o += 1
 
 
@@ -93,7 +134,9 @@ def _source(scale, out, align_corners, cubic):
     i = np.arange(out).astype(F32)
     if align_corners:
         return scale * i
-    src = scale * (i + F32(0.5)) - F32(0.5)
+    # scale * (i + 0.5) - 0.5 with one rounding, as the CPU's compiled code fuses it (FMA):
+    # the product is exact in float64, and so is the sum for these magnitudes
+    src = (np.float64(scale) * (i + F32(0.5)) - 0.5).astype(F32)
     return src if cubic else np.maximum(src, F32(0))
 
 
@@ -311,6 +354,44 @@ _register_aa(aten._upsample_bilinear2d_aa.default, False)
 _register_aa(aten._upsample_bicubic2d_aa.default, True)
 
 
+# Note [Linear interpolation]
+# Linear, bilinear and trilinear upsampling of floats run `interpolate` on the CPU's tap
+# tables, a share of planes per core. PyTorch's decomposition (the path before) blends
+# neighbours as x0 + (x1 - x0) * t: four gathers for bilinear, and NaN wherever a neighbour
+# is infinite (a score map masked with -inf became all NaN). The CPU weighs each tap and
+# nests the sums (UpSampleKernel.cpp's Interpolate), which `interpolate` does in its order.
+def _register_linear(op, k):
+    def kernel(x, output_size, align_corners, *scales):
+        args = (x, output_size, align_corners, *scales)
+        meta = meta_check(op, args)
+        scales = list(scales) + [None] * (k - len(scales))
+        if isinstance(x, NeuronTensor) and x.dtype == torch.uint8 and x.dim() == 4 and k == 2:
+            # uint8 images take the CPU's fixed-point path (Note [uint8 resampling])
+            return resize_uint8(x, meta.shape[2:], align_corners, scales, False, False)
+        if not isinstance(x, NeuronTensor) or not x.dtype.is_floating_point:
+            return decomposition_table[op](*args)
+        tables = [linear_taps(x.shape[2 + a], output_size[a], align_corners, scales[a])
+                  for a in range(k)]
+        out = T.empty(tuple(meta.shape), x.dtype)
+        if out.numel():
+            (N, C, D, H, W), xs = _planes(x, k)
+            (_, _, Do, Ho, Wo), _ = _planes(out, k)
+            g = np.array([N * C, C, *xs, D, H, W, Do, Ho, Wo], np.int64)
+            res = result_buffer(out)
+            workers.share_rows(interpolate, N * C, out.numel(),
+                               [res, widen(x), g, *_tables(tables)])
+            narrow_into(out, res)
+            core.launch("vector", out.numel(), x._nd.nbytes + out._nd.nbytes)
+        return out
+
+    register(op)(keeps_channels_last(0)(kernel))
+
+
+_register_linear(aten.upsample_linear1d.default, 1)
+_register_linear(aten.upsample_bilinear2d.default, 2)
+_register_linear(aten.upsample_trilinear3d.default, 3)
+
+
 def _register_uint8(op, cubic):
     """uint8 images take the CPU's fixed-point path (Note [uint8 resampling]); other dtypes
     the decomposition, as before."""
@@ -325,7 +406,6 @@ def _register_uint8(op, cubic):
     register(op)(kernel)
 
 
-_register_uint8(aten.upsample_bilinear2d.default, False)
 _register_uint8(aten.upsample_bicubic2d.default, True)
 
 

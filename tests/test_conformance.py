@@ -28,6 +28,20 @@ def test_runner_classifies_and_reports(tmp_path):
     assert "| add | float32 | forward | native |" in table.read_text()
 
 
+def test_16_bit_results_off_the_cpus_are_judged_by_the_exact_value(monkeypatch):
+    """Note [Judged by the exact value]: the CPU's bf16 cross product rounds its products
+    to bf16 before subtracting, neuron rounds once; a wrong result still fails."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    cross = next(info for info in op_db if info.name == "cross")
+    result = conformance.check(cross, torch.bfloat16, "forward", 4)
+    assert (result.status, result.message) == ("native", conformance._CLOSER_THAN_CPU)
+    call = conformance._call_on_neuron
+    monkeypatch.setattr(conformance, "_call_on_neuron",
+                        lambda *args: call(*args) * 1.05)  # off from both answers
+    assert conformance.check(cross, torch.bfloat16, "forward", 4).status == "mismatch"
+
+
 def test_runner_fails_below_the_floor(tmp_path):
     with without_kernel(torch.ops.aten.special_i0e.default):
         assert conformance.main(["--ops", "special.i0e", "--dtypes", "float32", "--samples",

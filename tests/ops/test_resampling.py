@@ -45,6 +45,34 @@ def test_interpolate_3d_backward(cfg, seed):
     check_op(lambda x: F.interpolate(x, **cfg), _rand(1, 2, 4, 3, 5), grad=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,mode,cfg", [
+    ((2, 3, 17), "linear", dict(scale_factor=2)),
+    ((2, 3, 17), "linear", dict(size=20, align_corners=True)),
+    ((2, 3, 9, 13), "bilinear", dict(scale_factor=0.6)),
+    ((2, 3, 9, 13), "bilinear", dict(size=(12, 16), align_corners=True)),
+    ((1, 2, 5, 6, 7), "trilinear", dict(scale_factor=(1.7, 2, 0.5))),
+])
+def test_linear_upsampling_forward(dtype, shape, mode, cfg, seed):
+    check_op(lambda x: F.interpolate(x, mode=mode, **cfg), _rand(*shape, dtype=dtype,
+                                                                 grad=False))
+
+
+@pytest.mark.parametrize("shape,mode", [((1, 2, 6), "linear"), ((1, 2, 4, 5), "bilinear"),
+                                        ((1, 1, 3, 4, 5), "trilinear")])
+def test_linear_upsampling_keeps_infinities_as_the_cpu_does(shape, mode):
+    # a score map masked with -inf: the CPU weighs each neighbour (NaN only where a zero
+    # weight meets an infinity); x0 + (x1 - x0) * t made every blend with -inf NaN
+    x = torch.randn(shape)
+    x.view(-1)[::3] = float("-inf")
+    x.view(-1)[1] = float("inf")
+    for cfg in (dict(scale_factor=2), dict(scale_factor=1.5, align_corners=True)):
+        cpu = F.interpolate(x, mode=mode, **cfg)
+        got = F.interpolate(x.to("neuron"), mode=mode, **cfg).cpu()
+        assert torch.equal(got.isnan(), cpu.isnan()) and torch.equal(got.isinf(), cpu.isinf())
+        torch.testing.assert_close(got, cpu, equal_nan=True)
+
+
 def test_antialias_forward(seed):
     check_op(lambda x: F.interpolate(x, size=(3, 8), mode="bilinear", antialias=True),
              _rand(2, 3, 7, 5, grad=False))
