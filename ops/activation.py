@@ -166,20 +166,32 @@ def relu_(x):
     return E.run(RELU, [x], [0], out=x)
 
 
+def _threshold_plan(x, threshold, value):
+    if x.dtype == torch.bool:
+        raise NotImplementedError("\"threshold_cpu\" not implemented for 'Bool'")
+    return THRESHOLD, [x], [threshold, value]
+
+
 @register(aten.threshold.default)
 def threshold(x, threshold, value):
-    return E.run(THRESHOLD, [x], [threshold, value])
+    return E.run(*_threshold_plan(x, threshold, value))
+
+
+def _hardtanh_check(x, min_val, max_val):
+    _refuse_bool(x, "hardtanh")
+    if x.dtype == torch.uint8 and (min_val < 0 or max_val < 0):  # (-1 would wrap to 255)
+        raise RuntimeError("cannot do hardtanh on an unsigned type with negative limits")
 
 
 @register(aten.hardtanh.default)
 def hardtanh(x, min_val=-1, max_val=1):
-    _refuse_bool(x, "hardtanh")
+    _hardtanh_check(x, min_val, max_val)
     return E.run(HARDTANH, [x], [min_val, max_val])
 
 
 @register(aten.hardtanh_.default)
 def hardtanh_(x, min_val=-1, max_val=1):
-    _refuse_bool(x, "hardtanh")
+    _hardtanh_check(x, min_val, max_val)
     return E.run(HARDTANH, [x], [min_val, max_val], out=x)
 
 
@@ -473,11 +485,11 @@ def _relu_plan(x):
 @E.fusible(aten.hardtanh.default)
 @E.fusible_inplace(aten.hardtanh_.default)  # nn.ReLU6(inplace=True), nn.Hardtanh(inplace=True)
 def _hardtanh_plan(x, min_val=-1, max_val=1):
-    _refuse_bool(x, "hardtanh")
+    _hardtanh_check(x, min_val, max_val)
     return HARDTANH, [x], [min_val, max_val]
 
 
-E.fusible(aten.threshold.default)(lambda x, threshold, value: (THRESHOLD, [x], [threshold, value]))
+E.fusible(aten.threshold.default)(_threshold_plan)
 E.fusible(aten.silu.default)(E.fusible_inplace(aten.silu_.default)(lambda x: (SILU, [x], ())))
 E.fusible(aten.leaky_relu.default)(E.fusible_inplace(aten.leaky_relu_.default)(
     lambda x, negative_slope=0.01: (LEAKY_RELU, [x], [negative_slope])))

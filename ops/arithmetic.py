@@ -151,6 +151,46 @@ def _no_bool(cpu_name):
     return check
 
 
+def _no_integer_quotient(x, a, b):
+    if not _is_float(a) and not _is_float(b):
+        raise RuntimeError(
+            "Integer division with addcdiv is no longer supported, and in a future  release "
+            "addcdiv will perform a true division of tensor1 and tensor2. The historic addcdiv "
+            "behavior can be implemented as (input + value * torch.trunc(tensor1 / tensor2))"
+            ".to(input.dtype) for integer inputs and as (input + value * tensor1 / tensor2) for "
+            "float inputs. The future addcdiv behavior is just the latter implementation: "
+            "(input + value * tensor1 / tensor2), for all dtypes.")
+
+
+def _is_float(x) -> bool:
+    return x.dtype.is_floating_point if isinstance(x, torch.Tensor) else isinstance(x, float)
+
+
+def _lerp_check(kernel_name):
+    """The CPU's checks of lerp: `end`, and a `weight` tensor of one or more dims, in self's
+    dtype; a float result (a 0-dim weight takes part in promotion)."""
+    def check(x, end, weight=None):
+        for name, t in (("end", end), ("weight", weight)):
+            if isinstance(t, torch.Tensor) and t.dtype != x.dtype and \
+                    (name == "end" or t.dim() > 0):
+                raise RuntimeError(f"expected dtype {T.CPP_NAMES[x.dtype]} for `{name}` but "
+                                   f"got dtype {T.CPP_NAMES[t.dtype]}")
+        floats(*[o for o in (x, end, weight) if o is not None])
+
+    floats = float_only(kernel_name)
+    return check
+
+
+def float_only(cpu_name):
+    """A check raising the CPU's error where the operands' result type is not a float."""
+    def check(*operands):
+        dtype = E.result_type(*operands)
+        if not dtype.is_floating_point:
+            raise NotImplementedError(f"\"{cpu_name}\" not implemented for "
+                                      f"'{T.dtype_name(dtype)}'")
+    return check
+
+
 def _integral_only(name):
     def check(*operands):
         dtype = E.result_type(*operands)
@@ -498,9 +538,10 @@ def clamp_max_(x, max):
 # -- ternary -----------------------------------------------------------------------------
 # (Note [Fused multiply-adds])
 define("addcmul", lambda x, a, b, v: fma(v * a, b, x), [aten.addcmul.default],
-       [aten.addcmul_.default], operands=3, params=[("value", 1)])
+       [aten.addcmul_.default], operands=3, params=[("value", 1)],
+       check=_no_bool("addcmul_cpu_out"))
 define("addcdiv", lambda x, a, b, v: x + (v * a) / b, [aten.addcdiv.default],
-       [aten.addcdiv_.default], operands=3, params=[("value", 1)])
+       [aten.addcdiv_.default], operands=3, params=[("value", 1)], check=_no_integer_quotient)
 
 
 @njit
@@ -511,9 +552,10 @@ def _lerp(x, y, w):
     return fma(w - np.float32(1), y - x, y)  # (float32 throughout: lerp is float-only)
 
 
-define("lerp", _lerp.py_func, [aten.lerp.Tensor], [aten.lerp_.Tensor], operands=3)
+define("lerp", _lerp.py_func, [aten.lerp.Tensor], [aten.lerp_.Tensor], operands=3,
+       check=_lerp_check("lerp_kernel_tensor"))
 define("lerp_scalar", _lerp.py_func, [aten.lerp.Scalar], [aten.lerp_.Scalar], operands=2,
-       params=[("weight", 0)])
+       params=[("weight", 0)], check=_lerp_check("lerp_kernel_scalar"))
 
 _WHERE = E.Elementwise("where", njit(lambda c, x, y: x if c else y))
 

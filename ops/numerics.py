@@ -354,13 +354,18 @@ def check_fits(value, dtype: torch.dtype) -> None:
     as c10 allows), finite floats beyond its largest value. Infinities and NaN fit floats."""
     if dtype == torch.bool or dtype == torch.float64 or isinstance(value, bool):
         return
+    if isinstance(value, complex):  # c10 converts a complex scalar with no imaginary part
+        if value.imag != 0:
+            raise RuntimeError(f"value cannot be converted to type {_C_NAMES[dtype]} without "
+                               f"overflow")
+        value = value.real
     if dtype.is_floating_point:
         value = float(value)
         if math.isfinite(value) and abs(value) > torch.finfo(dtype).max:
             raise RuntimeError(f"value cannot be converted to type {_C_NAMES[dtype]} without "
                                f"overflow")
         return
-    if dtype in _C_NAMES and not isinstance(value, complex):
+    if dtype in _C_NAMES:
         info = torch.iinfo(dtype)
         low = -info.max if info.min == 0 else info.min
         if isinstance(value, float) and not math.isfinite(value) or not low <= value <= info.max:
@@ -371,7 +376,7 @@ def check_fits(value, dtype: torch.dtype) -> None:
 def encode_scalar(value, dtype: torch.dtype):
     """The stored form of a Python scalar in `dtype` (as torch would round it)."""
     check_fits(value, dtype)
-    t = torch.tensor(value, dtype=dtype)
+    t = torch.tensor(value.real if isinstance(value, complex) else value, dtype=dtype)
     if dtype in (torch.bfloat16, torch.float16):
         return np.uint16(t.view(torch.int16).item() & 0xFFFF)
     return t.numpy()[()]

@@ -428,9 +428,10 @@ def _refuse_complex(name: str, out) -> None:
     op, rather than only that the dtype is unsupported."""
     for o in tree_flatten(out)[0]:
         if isinstance(o, torch.Tensor) and o.is_complex():
-            raise TypeError(f"{name} returns {o.dtype}, which neuron cannot hold: Trainium has "
-                            f"no complex dtypes. Run it on the CPU (`.cpu()` its inputs) and move "
-                            f"real results, such as `.abs()` or `.real`, back to neuron.")
+            raise T.UnsupportedDtypeError(
+                f"{name} returns {o.dtype}, which neuron cannot hold: Trainium has no complex "
+                f"dtypes. Run it on the CPU (`.cpu()` its inputs) and move real results, such "
+                f"as `.abs()` or `.real`, back to neuron.")
 
 
 def clear_op_tracking() -> None:

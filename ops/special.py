@@ -13,7 +13,7 @@ import torch
 
 from neuron_eager.ops import elementwise as E, numerics
 from neuron_eager.ops.activation import exp2_f32, exp_f32, log1p_f32, log_f32, sin_f32
-from neuron_eager.ops.arithmetic import define
+from neuron_eager.ops.arithmetic import define, float_only
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
@@ -102,9 +102,9 @@ define("xlog1py", _xlog1py.py_func, [aten.special_xlog1py.default,
                                       aten.special_xlog1py.other_scalar],
        kind="int_to_float", engine="scalar")
 define("logaddexp", _logaddexp.py_func, [aten.logaddexp.default], kind="int_to_float",
-       engine="scalar", float_only=True, inline=True)
+       engine="scalar", float_only=True, inline=True, check=float_only("logaddexp_cpu"))
 define("logaddexp2", _logaddexp2.py_func, [aten.logaddexp2.default], kind="int_to_float",
-       engine="scalar", float_only=True)
+       engine="scalar", float_only=True, check=float_only("logaddexp2_cpu"))
 define("fmax", _fmax.py_func, [aten.fmax.default])
 define("fmin", _fmin.py_func, [aten.fmin.default])
 define("copysign", lambda a, b: np.copysign(a, b), [aten.copysign.Tensor, aten.copysign.Scalar],

@@ -63,12 +63,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype, str(dtype))
 
 
+class UnsupportedDtypeError(RuntimeError):
+    """A dtype neuron cannot hold. Not a TypeError: torch's binary operators turn a TypeError
+    into NotImplemented, and `x * 1j` would end in Python's "unsupported operand type(s)"."""
+
+
 def check_dtype(dtype: torch.dtype) -> None:
     if dtype not in STORAGE_DTYPE:
         if dtype.is_complex:
-            raise TypeError(f"{dtype} is not supported on neuron: Trainium has no complex dtypes. "
-                            "Keep complex tensors on the CPU.")
-        raise TypeError(f"{dtype} is not supported on neuron")
+            raise UnsupportedDtypeError(f"{dtype} is not supported on neuron: Trainium has no "
+                                        "complex dtypes. Keep complex tensors on the CPU.")
+        raise UnsupportedDtypeError(f"{dtype} is not supported on neuron")
 
 
 def device_error(other: torch.device) -> RuntimeError:

@@ -78,6 +78,21 @@ ERRORS = {
     "bool % bool": lambda d: _t(d, [True, False]) % _t(d, [True, True]),
     "fmod of bool": lambda d: torch.fmod(_t(d, [True, False]), True),
     "bool div trunc": lambda d: torch.div(_t(d, [True]), True, rounding_mode="trunc"),
+    "lerp of ints": lambda d: torch.lerp(_t(d, [3, 0]), _t(d, [1, 2]), 0.5),
+    "lerp of bools, weight tensor": lambda d: torch.lerp(_t(d, [True]), _t(d, [False]),
+                                                         _t(d, [True])),
+    "lerp end of another dtype": lambda d: torch.lerp(_t(d, [1.]), _t(d, [2.], dtype=torch.half),
+                                                      0.5),
+    "lerp weight of another dtype": lambda d: torch.lerp(_t(d, [1.]), _t(d, [2.]),
+                                                         _t(d, [.5], dtype=torch.half)),
+    "addcmul of bools": lambda d: torch.addcmul(_t(d, [True]), _t(d, [True]), _t(d, [False])),
+    "addcdiv of integers": lambda d: torch.addcdiv(_t(d, [1.]), _t(d, [3]), _t(d, [2])),
+    "logaddexp of integers": lambda d: torch.logaddexp(_t(d, [1]), _t(d, [2])),
+    "threshold of bools": lambda d: torch.nn.functional.threshold(_t(d, [True]), 0.5, 1.),
+    "fill_ with an imaginary part": lambda d: torch.ones(2, device=d).fill_(1j),
+    # valid: -1 would wrap to 255 (it once gave [1, 1] for [3, 0])
+    "hardtanh of uint8 below 0": lambda d: torch.nn.functional.hardtanh(
+        _t(d, [3, 0], dtype=torch.uint8)),
     "round(decimals) of int": lambda d: torch.round(_t(d, [15]), decimals=-1),
 }
 

@@ -226,13 +226,18 @@ def test_unsupported_layouts_and_dtypes_are_refused_clearly():
         nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
     with pytest.raises(NotImplementedError, match="nested tensors are not supported on neuron"):
         nested.to("neuron")
-    with pytest.raises(TypeError, match="complex"):
+    with pytest.raises(RuntimeError, match="complex"):
         torch.ones(2, dtype=torch.complex64).to("neuron")
-    with pytest.raises(TypeError, match="complex"):
+    with pytest.raises(RuntimeError, match="complex"):
         torch.zeros(2, dtype=torch.complex64, device="neuron")
+    x = torch.ones(3, device="neuron")
+    for complex_op in (lambda: x * 1j, lambda: 1j + x, lambda: x * torch.tensor(1j),
+                       lambda: x ** 1j):  # (a TypeError there became "unsupported operand")
+        with pytest.raises(RuntimeError, match="Trainium has no complex dtypes"):
+            complex_op()
     # an op that makes complex results from real ones names itself, and nothing falls back
     before = neuron_eager.get_fallback_ops()
-    with pytest.raises(TypeError, match=r"aten::_fft_r2c returns torch.complex64"):
+    with pytest.raises(RuntimeError, match=r"aten::_fft_r2c returns torch.complex64"):
         torch.fft.rfft(torch.ones(8, device="neuron"))
     assert neuron_eager.get_fallback_ops() == before
 
