@@ -179,7 +179,8 @@ def test_stable_sort_and_nan(seed):
     check_op(lambda t: t.sort(), torch.rand(7) > 0.5)
 
 
-@pytest.mark.parametrize("k", [1, 5, 64, 65])  # by selection up to 64, by sorting above
+# by insertion up to 64, in a heap up to a quarter of the row, by sorting above
+@pytest.mark.parametrize("k", [1, 5, 64, 65, 75, 76, 150])
 @pytest.mark.parametrize("largest", [True, False])
 def test_topk_is_the_head_of_the_stable_sort(k, largest, seed):
     # ties, NaN and an ascending run (selection's worst case): the first k of the stable sort
