@@ -17,7 +17,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.copy import fill
+from neuron_eager.ops.copy import channels_last_strides, fill
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sourceline import warn_at_user_line
@@ -101,7 +101,7 @@ def stack(tensors, dim=0):
 @register(aten.constant_pad_nd.default)
 def constant_pad_nd(x, pad, value=0):
     meta = meta_call(aten.constant_pad_nd.default, x, pad, value)
-    out = fill(T.empty(meta.shape, x.dtype), value)
+    out = fill(T.empty(meta.shape, x.dtype, meta.stride), value)  # (the CPU's layout)
     dst, src = [slice(None)] * x.dim(), [slice(None)] * x.dim()
     for k in range(len(pad) // 2):
         d = x.dim() - 1 - k
@@ -129,8 +129,8 @@ def repeat(x, repeats):
 
 @register(aten.flip.default)
 def flip(x, dims):
-    meta_call(aten.flip.default, x, dims)
-    out = T.empty(x.shape, x.dtype)
+    meta = meta_call(aten.flip.default, x, dims)
+    out = T.empty(x.shape, x.dtype, meta.stride)  # x's layout where it is dense, as the CPU's
     axes = tuple(d % max(x.dim(), 1) for d in dims) if x.dim() else ()
     dma(out._nd, np.flip(x._nd, axes) if axes else x._nd)
     return out
@@ -142,7 +142,7 @@ def roll(x, shifts, dims=()):
     if not dims:
         flat = x.contiguous().view(-1)
         return roll(flat, shifts, [0]).view(x.shape)
-    out = T.empty(x.shape, x.dtype)
+    out = T.empty(x.shape, x.dtype, channels_last_strides(x))  # (the CPU's; not its meta's)
     if not x.numel():
         return out
     total: dict[int, int] = {}
@@ -165,14 +165,14 @@ def roll(x, shifts, dims=()):
 def rot90(x, k=1, dims=(0, 1)):
     meta_call(aten.rot90.default, x, k, dims)  # the CPU's checks of dims
     d0, d1 = dims
-    k %= 4
+    k %= 4  # the CPU's results: transposed views of flips, or a contiguous clone
     if k == 1:
-        return flip(x, [d1]).transpose(d0, d1).contiguous()
+        return flip(x, [d1]).transpose(d0, d1)
     if k == 2:
         return flip(x, [d0, d1])
     if k == 3:
-        return flip(x, [d0]).transpose(d0, d1).contiguous()
-    return x.clone()
+        return flip(x, [d0]).transpose(d0, d1)
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 @register(aten.resize_as_.default)

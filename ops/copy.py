@@ -48,7 +48,7 @@ def host_to_device(src: torch.Tensor, dtype: torch.dtype | None = None,
     dtype = dtype or src.dtype
     T.check_dtype(src.dtype)
     warn_float64(dtype)
-    stride = _like_strides(src, memory_format)  # (None: contiguous)
+    stride = like_strides(src, memory_format)  # (None: contiguous)
     staged = T.from_cpu(src.detach().resolve_conj().resolve_neg(), stride)
     if src.dtype == torch.int64:
         warn_int64_range(staged._nd)
@@ -63,7 +63,7 @@ def device_to_host(src: NeuronTensor, dtype: torch.dtype | None = None,
                    memory_format=None) -> torch.Tensor:
     """`src` on the host, in the layout `memory_format` gives (preserve_format: dense
     layouts kept, as `.to()` does on every device)."""
-    stride = _like_strides(src, memory_format)
+    stride = like_strides(src, memory_format)
     if dtype is not None and dtype != src.dtype:
         converted = T.empty(src.shape, dtype, stride)
         E.copy_into(converted, src)
@@ -127,7 +127,7 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
                         torch.preserve_format)
         return device_to_host(x, dtype, memory_format)
     if target.type == "meta":  # shape, dtype and layout only, as from any device
-        return torch.empty_strided(x.shape, _like_strides(x, memory_format) or
+        return torch.empty_strided(x.shape, like_strides(x, memory_format) or
                                    T.contiguous_strides(x.shape), dtype=dtype or x.dtype,
                                    device="meta")
     if target.type != T.DEVICE.type:
@@ -144,7 +144,7 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     if dtype == torch.int64 and x.dtype in (torch.float32, torch.float64) and \
             not numerics.int64_warned:
         warn_int64_range(x._nd)  # .long() past int32 (bf16, stored as bits, is not checked)
-    out = T.empty(x.shape, dtype, _like_strides(x, memory_format))
+    out = T.empty(x.shape, dtype, like_strides(x, memory_format))
     return E.copy_into(out, x)
 
 
@@ -161,7 +161,7 @@ def to_dtype(x, dtype, non_blocking=False, copy=False, memory_format=None):
 
 @register(aten.clone.default)
 def clone(x, *, memory_format=None):
-    return E.copy_into(T.empty(x.shape, x.dtype, _like_strides(x, memory_format)), x)
+    return E.copy_into(T.empty(x.shape, x.dtype, like_strides(x, memory_format)), x)
 
 
 def _preserved_strides(x):
@@ -183,6 +183,15 @@ def _memory_format_strides(shape, memory_format):
         n, c, d, h, w = shape
         return (d * h * w * c, 1, h * w * c, w * c, c)
     return None
+
+
+def channels_last_strides(x):
+    """Channels-last strides for a result of x's shape where x is channels-last (PyTorch's
+    suggest_memory_format), else None (contiguous)."""
+    if not _channels_last(x):
+        return None
+    return _memory_format_strides(x.shape, torch.channels_last if x.dim() == 4
+                                  else torch.channels_last_3d)
 
 
 # Note [Channels-last results]
@@ -287,7 +296,7 @@ def _like_dtype(x, dtype):
     return dtype
 
 
-def _like_strides(x, memory_format):
+def like_strides(x, memory_format):
     """The strides a copy of `x` in `memory_format` gets (None: contiguous)."""
     if memory_format in (None, torch.preserve_format):
         stride = x.stride()  # (exactly: size-1 dims keep their strides, as on the CPU)
@@ -319,7 +328,7 @@ def _on_device_asked(op, kernel, x, *args, device=None, **kwargs):
 
 @honours_device(aten.empty_like.default)
 def empty_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return T.empty(x.shape, _like_dtype(x, dtype), _like_strides(x, memory_format))
+    return T.empty(x.shape, _like_dtype(x, dtype), like_strides(x, memory_format))
 
 
 @honours_device(aten.zeros_like.default)

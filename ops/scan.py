@@ -1,7 +1,7 @@
 """Ops along one dim that keep it: cumsum and cumprod (Vector engine), sort and topk.
 
 They reuse the row view of reduction.py (Note [Rows]): the dim is the row, read in place
-from storage; results go to new contiguous tensors. Scans accumulate in fp32 (int64 for
+from storage; results go to new tensors (a sort in its input's layout). Scans accumulate in fp32 (int64 for
 integers) and round each prefix once. Sorting is a stable merge sort with NaN ordered
 above +inf, as on CPU; sorted values are copied bit for bit.
 """
@@ -14,6 +14,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.copy import like_strides
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.reduction import cast, load, store  # template placeholders
 from neuron_eager.ops.registry import register
@@ -240,7 +241,9 @@ def sort_rows(op, x, dim: int, descending: bool, k: int | None = None, engine="g
     shape = list(x.shape)
     if k is not None and shape:
         shape[d] = k
-    vals, idxs = T.empty(shape, x.dtype), T.empty(shape, torch.int64)
+    # a sort keeps x's layout where x is dense (the CPU's); a topk is contiguous
+    stride = like_strides(x, None) if k is None else None
+    vals, idxs = T.empty(shape, x.dtype, stride), T.empty(shape, torch.int64, stride)
     compute = "f32" if x.dtype.is_floating_point else "int"
     n = x.shape[d] if x.dim() else 1
     family = "sort" if k is None or not 0 < k < n else "select" if k <= SELECT_MAX_K else \
@@ -251,7 +254,7 @@ def sort_rows(op, x, dim: int, descending: bool, k: int | None = None, engine="g
     keys = np.empty(r.n, np.float32 if compute == "f32" else np.int64)
     nk = r.n if k is None else k
     kern(R.flat(x), x.storage_offset(), r.starts, r.steps, r.stride, r.n,
-         vals._nd.reshape(-1), idxs._nd.reshape(-1), dstarts, dstride, keys, descending, nk)
+         R.flat(vals), R.flat(idxs), dstarts, dstride, keys, descending, nk)  # (any layout)
     core.launch(engine, x.numel(), x._nd.nbytes + vals._nd.nbytes + idxs._nd.nbytes)
     return vals, idxs
 

@@ -272,3 +272,22 @@ def _on_cpu(program):
     import inspect
     source = inspect.getsource(program).split("lambda:")[1].split(', "')[0]
     return eval(source.replace('"neuron"', '"cpu"'))
+
+
+LAYOUT_OPS = {"flip": lambda t: t.flip(-1), "roll": lambda t: t.roll(1, -1),
+              "roll over two dims": lambda t: t.roll((1, 1), (0, 1)),
+              "constant pad": lambda t: torch.nn.functional.pad(t, (1, 1)),
+              "sort values": lambda t: t.sort(-1).values, "sort indices": lambda t: t.sort(0)[1],
+              "topk": lambda t: t.topk(2, -1).values,
+              **{f"rot90 k={k}": (lambda t, k=k: t.rot90(k, (0, 1))) for k in range(4)}}
+
+
+@pytest.mark.parametrize("name", LAYOUT_OPS)
+def test_results_take_the_cpus_layout(name):
+    # channels-last models kept their layout through conv and pooling, and lost it here
+    for x in (torch.randn(2, 4, 6, 8).contiguous(memory_format=torch.channels_last),
+              torch.randn(2, 3, 4, 5, 6).contiguous(memory_format=torch.channels_last_3d),
+              torch.randn(4, 6).t()):
+        cpu, neuron = LAYOUT_OPS[name](x), LAYOUT_OPS[name](x.to("neuron"))
+        assert neuron.stride() == cpu.stride()
+        assert torch.equal(neuron.cpu(), cpu)
