@@ -121,6 +121,16 @@ def _merge_sort(order, tmp, keys, descending):
             order[i] = src[i]
 
 
+@njit(**R.JIT)
+def _write_picks(vals, idxs, d0, dstride, src, s0, steps, stride, picks, k):
+    """The first k picked elements of a row, by index, and their stored values (bit for bit)."""
+    gathered = steps.size > 0
+    for j in range(k):
+        i = picks[j]
+        vals[d0 + j * dstride] = src[s0 + (steps[i] if gathered else i * stride)]
+        idxs[d0 + j * dstride] = i
+
+
 def sort_kernel(src, base, starts, steps, stride, n, vals, idxs, dstarts, dstride, keys,
                 descending, k):
     gathered = steps.size > 0
@@ -132,10 +142,7 @@ def sort_kernel(src, base, starts, steps, stride, n, vals, idxs, dstarts, dstrid
             keys[i] = load(src[s0 + (steps[i] if gathered else i * stride)])
             order[i] = i
         _merge_sort(order, tmp, keys, descending)
-        for j in range(k):
-            i = order[j]
-            vals[d0 + j * dstride] = src[s0 + (steps[i] if gathered else i * stride)]
-            idxs[d0 + j * dstride] = i
+        _write_picks(vals, idxs, d0, dstride, src, s0, steps, stride, order, k)
 
 
 def select_kernel(src, base, starts, steps, stride, n, vals, idxs, dstarts, dstride, keys,
@@ -161,10 +168,7 @@ def select_kernel(src, base, starts, steps, stride, n, vals, idxs, dstarts, dstr
                 best[p] = best[p - 1]
                 p -= 1
             best[p] = i
-        for j in range(k):
-            i = best[j]
-            vals[d0 + j * dstride] = src[s0 + (steps[i] if gathered else i * stride)]
-            idxs[d0 + j * dstride] = i
+        _write_picks(vals, idxs, d0, dstride, src, s0, steps, stride, best, k)
 
 
 @njit(inline="always")
@@ -212,10 +216,7 @@ def heap_kernel(src, base, starts, steps, stride, n, vals, idxs, dstarts, dstrid
                 _sift_down(heap, 0, k, keys, descending)
         heap.sort()  # by index, so that the stable merge sort orders ties by index
         _merge_sort(heap, tmp, keys, descending)
-        for j in range(k):
-            i = heap[j]
-            vals[d0 + j * dstride] = src[s0 + (steps[i] if gathered else i * stride)]
-            idxs[d0 + j * dstride] = i
+        _write_picks(vals, idxs, d0, dstride, src, s0, steps, stride, heap, k)
 
 
 # Note [Top k by selection]
