@@ -132,3 +132,13 @@ def test_float64_and_kernel_ran(seed):
     neuron_eager.clear_op_tracking()
     torch.linalg.det(a.float().to("neuron"))
     assert neuron_eager.get_fallback_ops() == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matrix_exp_of_16_bit_floats(dtype, seed):
+    # the CPU's matrix exponential is made of matmuls and takes 16-bit floats (it refused them)
+    a = (torch.randn(2, 4, 4) * 0.5).to(dtype)
+    exact = torch.linalg.matrix_exp(a.double())
+    got = torch.linalg.matrix_exp(a.to("neuron")).cpu()
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), exact, rtol=2e-2, atol=1e-2)
