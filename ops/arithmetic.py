@@ -166,6 +166,17 @@ def _is_float(x) -> bool:
     return x.dtype.is_floating_point if isinstance(x, torch.Tensor) else isinstance(x, float)
 
 
+def float_only(cpu_name):
+    """A check raising the CPU's error where the operands' result type is not a float (it is
+    one exactly when an operand is: a float tensor or a Python float)."""
+    def check(*operands):
+        if not any(_is_float(o) for o in operands):
+            dtype = E.result_type(*operands)
+            raise NotImplementedError(f"\"{cpu_name}\" not implemented for "
+                                      f"'{T.dtype_name(dtype)}'")
+    return check
+
+
 def _lerp_check(kernel_name):
     """The CPU's checks of lerp: `end`, and a `weight` tensor of one or more dims, in self's
     dtype; a float result (a 0-dim weight takes part in promotion)."""
@@ -177,17 +188,7 @@ def _lerp_check(kernel_name):
                                    f"got dtype {T.CPP_NAMES[t.dtype]}")
         floats(*[o for o in (x, end, weight) if o is not None])
 
-    floats = float_only(kernel_name)
-    return check
-
-
-def float_only(cpu_name):
-    """A check raising the CPU's error where the operands' result type is not a float."""
-    def check(*operands):
-        dtype = E.result_type(*operands)
-        if not dtype.is_floating_point:
-            raise NotImplementedError(f"\"{cpu_name}\" not implemented for "
-                                      f"'{T.dtype_name(dtype)}'")
+    floats = float_only(kernel_name)  # (after the dtype checks, as the CPU orders them)
     return check
 
 

@@ -181,31 +181,18 @@ def _truth(op, x, dim, keepdim, mode):
     return truth(op, x, dims, keepdim, mode, out_dtype)
 
 
-@register(aten.any.default)
-def any_(x):
-    return _truth(aten.any.default, x, None, False, ANY)
+def _register_truth(packet, mode, *aliases):
+    """any or all: over everything (and `aliases`, e.g. _is_any_true), over one dim or dims."""
+    register(packet.default, *aliases)(lambda x: _truth(packet.default, x, None, False, mode))
+
+    @register(packet.dim, packet.dims)
+    def by_dims(x, dim=None, keepdim=False):
+        op = packet.dim if isinstance(dim, int) else packet.dims
+        return _truth(op, x, dim, keepdim, mode)
 
 
-@register(aten.any.dim, aten.any.dims)
-def any_dim(x, dim=None, keepdim=False):
-    op = aten.any.dim if isinstance(dim, int) else aten.any.dims
-    return _truth(op, x, dim, keepdim, ANY)
-
-
-@register(aten.all.default)
-def all_(x):
-    return _truth(aten.all.default, x, None, False, ALL)
-
-
-@register(aten.all.dim, aten.all.dims)
-def all_dim(x, dim=None, keepdim=False):
-    op = aten.all.dim if isinstance(dim, int) else aten.all.dims
-    return _truth(op, x, dim, keepdim, ALL)
-
-
-@register(aten._is_any_true.default)
-def is_any_true(x):
-    return _truth(aten.any.default, x, None, False, ANY)
+_register_truth(aten.any, ANY, aten._is_any_true.default)
+_register_truth(aten.all, ALL)
 
 
 @register(aten._is_all_true.default)

@@ -269,14 +269,20 @@ def resample_backward(grad: NeuronTensor, input_shape, k: int, tables) -> Neuron
     return gin
 
 
-def resample(x: NeuronTensor, out_shape, k: int, tables) -> NeuronTensor:
+def resample(x: NeuronTensor, out_shape, k: int, tables, blend: bool = False) -> NeuronTensor:
+    """x resampled by the tap tables: weighted taps summed (gather), or with `blend` the
+    linear modes' nested blends (interpolate, a share of planes per core)."""
     out = T.empty(tuple(out_shape), x.dtype)
     if out.numel():
         (N, C, D, H, W), xs = _planes(x, k)
         (_, _, Do, Ho, Wo), _ = _planes(out, k)
         g = np.array([N * C, C, *xs, D, H, W, Do, Ho, Wo], np.int64)
         res = result_buffer(out)
-        gather(res, widen(x), g, *_tables(tables))
+        args = [res, widen(x), g, *_tables(tables)]
+        if blend:
+            workers.share_rows(interpolate, N * C, out.numel(), args)
+        else:
+            gather(*args)
         narrow_into(out, res)
         core.launch("vector", out.numel(), x._nd.nbytes + out._nd.nbytes)
     return out
@@ -372,17 +378,7 @@ def _register_linear(op, k):
             return decomposition_table[op](*args)
         tables = [linear_taps(x.shape[2 + a], output_size[a], align_corners, scales[a])
                   for a in range(k)]
-        out = T.empty(tuple(meta.shape), x.dtype)
-        if out.numel():
-            (N, C, D, H, W), xs = _planes(x, k)
-            (_, _, Do, Ho, Wo), _ = _planes(out, k)
-            g = np.array([N * C, C, *xs, D, H, W, Do, Ho, Wo], np.int64)
-            res = result_buffer(out)
-            workers.share_rows(interpolate, N * C, out.numel(),
-                               [res, widen(x), g, *_tables(tables)])
-            narrow_into(out, res)
-            core.launch("vector", out.numel(), x._nd.nbytes + out._nd.nbytes)
-        return out
+        return resample(x, meta.shape, k, tables, blend=True)
 
     register(op)(keeps_channels_last(0)(kernel))
 
