@@ -15,7 +15,8 @@ from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.arithmetic import define
 from neuron_eager.ops.fastmath import (cos_f32, erf_f32, exp_f32, log1p_f32,  # noqa: F401
-                                      log_f32, sigmoid_f32, sin_f32, tanh_f32)
+                                      log_f32, normal_cdf_f32, sigmoid_f32, sin_f32,
+                                      tanh_f32)
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.registry import before_decomposition, register
@@ -24,7 +25,6 @@ aten = torch.ops.aten
 f32 = np.float32
 _0, _HALF, _1, _3, _6 = f32(0), f32(0.5), f32(1), f32(3), f32(6)
 _ONE_SIXTH = f32(1.0 / 6.0)
-_SQRT1_2 = f32(math.sqrt(0.5))
 _GELU_PDF = f32(2 / math.sqrt(math.pi) * math.sqrt(0.5) * 0.5)  # 1/sqrt(2*pi)
 _GELU_BETA = f32(math.sqrt(2) * 2 / math.sqrt(math.pi) * 0.5)  # sqrt(2/pi)
 _GELU_KAPPA = f32(0.044715)
@@ -243,7 +243,7 @@ def _softshrink(x, lambd):
 SILU = _float("silu", _silu)
 LEAKY_RELU = _float("leaky_relu", _leaky_relu, 1)
 ELU = _float("elu", _elu, 3)
-GELU = _float("gelu", lambda x: x * _HALF * (_1 + erf_f32(x * _SQRT1_2)))
+GELU = _float("gelu", lambda x: x * normal_cdf_f32(x))  # Note [gelu's CDF]
 GELU_TANH = _float("gelu_tanh", lambda x: _HALF * x * (
     _1 + tanh_f32(_GELU_BETA * (x + _GELU_KAPPA * x * x * x))))
 
@@ -315,7 +315,7 @@ def log_sigmoid_forward(x):
 
 # -- backwards: (grad_output, input or result) -> grad_input, formulas as on CPU ------------
 def _gelu_backward(g, x):
-    cdf = _HALF * (_1 + erf_f32(x * _SQRT1_2))
+    cdf = normal_cdf_f32(x)
     pdf = exp_f32(-_HALF * x * x) * _GELU_PDF
     return g * (cdf + x * pdf)
 

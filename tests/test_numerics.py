@@ -23,6 +23,16 @@ def test_transcendentals_within_4_ulp_of_the_exact_value(spec):
     assert row["vs_torch"] <= math.ceil(row["vs_exact"] + row["torch_vs_exact"]), row
 
 
+def test_gelu_below_minus_one_is_closer_to_exact_than_torch():
+    # Note [gelu's CDF]: below -1 the ulp columns do not judge gelu (torch's 1 + erf
+    # cancels there); ours must be no further from the exact value than torch's CPU result
+    x = torch.linspace(-14, -1, 200_001)
+    exact = x.double() * 0.5 * torch.special.erfc(-x.double() / math.sqrt(2))
+    ours = torch.nn.functional.gelu(x.to("neuron")).cpu().double()
+    theirs = torch.nn.functional.gelu(x).double()
+    assert (ours - exact).abs().max() <= max((theirs - exact).abs().max(), 2e-7)
+
+
 def test_vectorised_loops_give_the_scalar_loops_bits():
     # Note [512-bit vectors]: a 1-element launch runs the loop's scalar remainder, a long one
     # its (512-bit where the CPU has AVX-512) vector body; no op may depend on which.

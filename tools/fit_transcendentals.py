@@ -27,3 +27,6 @@ show("ERF_SMALL", fit(lambda x: special.erf(x) / x, 1e-4, 0.84, 7, lambda x: x *
 # erf(x) = 1 - R(x - mid) on [0.84, 2.2] and [2.2, 3.92] (R fits erfc: small absolute error)
 show("ERFC_MID", fit(special.erfc, 0.84, 2.2, 11, lambda x: x - 1.52))
 show("ERFC_TAIL", fit(special.erfc, 2.2, 3.92, 10, lambda x: x - 3.06))
+# Phi(x) = 1/2 + x * Q(x^2), |x| < 1.5, and Phi(-a) = R(a - 3.5) on [1.5, 5.5] (gelu's CDF)
+show("PHI_SMALL", fit(lambda x: special.ndtr(x) / x - 0.5 / x, 1e-4, 1.5, 6, lambda x: x * x))
+show("PHI_TAIL", fit(lambda a: special.ndtr(-a), 1.5, 5.5, 12, lambda a: a - 3.5))
