@@ -257,6 +257,20 @@ def test_cat_stack(dtype, seed):
              a.float().requires_grad_(), b.float().requires_grad_(), grad=True)
 
 
+def test_cat_stack_large_converted_and_channels_last(seed):
+    # results from 2 MB copy part by part (split over the cores); smaller ones in one call
+    a, b = torch.randn(600, 700), torch.randn(600, 300)
+    check_op(lambda p, q: torch.cat([p, q], 1), a, b)
+    check_op(lambda p: torch.stack([p, p * 2], 1), a)
+    check_op(lambda p, q: torch.cat([p, q.half()], 1), a, b)  # promotion, part by part
+    check_op(lambda *ts: torch.cat(ts), *[torch.randn(4) for _ in range(50)])
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    for fn in (lambda t: torch.cat([t, t], 1), lambda t: torch.cat([t, t]),
+               lambda t: torch.stack([t, t], 2)):
+        assert fn(x.to(NEURON)).stride() == fn(x).stride()
+        check_op(fn, x)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pad_repeat_flip_roll(dtype, seed):
     x = _x((3, 4, 5), dtype)
