@@ -44,6 +44,8 @@ stats = {"launches": 0}
 def flat(t: NeuronTensor) -> np.ndarray:
     """A 1-D array over the storage `t` reaches, starting at its first element (no copy)."""
     nd = t._nd
+    if t._key is not None:  # C-contiguous: its own elements (the common operand, and cheap)
+        return nd.reshape(-1)
     n = T.storage_extent(t.shape, t.stride(), 0)
     if n == 0:
         return np.empty(0, nd.dtype)
