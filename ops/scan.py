@@ -280,6 +280,8 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     n = x.shape[dims[0]] if dims else 1
     if not 0 <= k <= n:
         raise RuntimeError("selected index k out of range")
+    if x.dtype == torch.bool:
+        raise RuntimeError("topk does not support bool dtypes on CPU")
     if x.numel() == 0:
         return R.on_empty(aten.topk.default, x, k, dim, largest, sorted)
     # Vector-engine max8/find_index8 instructions select top values on Trainium

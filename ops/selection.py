@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch._decomp import decomposition_table
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import histogram  # noqa: F401  (histc, bincount, histogram)
@@ -604,6 +605,8 @@ def _search(op, boundaries, values, out_int32, right, side=None, sorter=None, sc
     if out.numel() == 0:
         return out
     dtype = torch.promote_types(boundaries.dtype, vdtype)
+    if dtype == torch.bool:
+        raise NotImplementedError('"searchsorted_out_cpu" not implemented for \'Bool\'')
     if scalar:
         v = T.empty((), dtype)
         _nd(v)[0] = numerics.encode_scalar(values, dtype)
@@ -631,6 +634,21 @@ def searchsorted_scalar(sorted_sequence, x, *, out_int32=False, right=False, sid
                         sorter=None):
     return _search(aten.searchsorted.Scalar, sorted_sequence, x, out_int32, right, side, sorter,
                    scalar=True)
+
+
+def _isin(op):
+    def kernel(elements, test_elements, *, assume_unique=False, invert=False):
+        if any(isinstance(v, bool) or getattr(v, "dtype", None) == torch.bool
+               for v in (elements, test_elements)):
+            raise RuntimeError("Unsupported input type encountered for isin(): Bool")
+        return decomposition_table[op](elements, test_elements, assume_unique=assume_unique,
+                                       invert=invert)
+
+    register(op)(kernel)
+
+
+for _op in (aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor):
+    _isin(_op)  # the decomposition, after the CPU's refusal of bools
 
 
 def _check_boundaries(boundaries) -> None:

@@ -94,6 +94,13 @@ ERRORS = {
     "hardtanh of uint8 below 0": lambda d: torch.nn.functional.hardtanh(
         _t(d, [3, 0], dtype=torch.uint8)),
     "round(decimals) of int": lambda d: torch.round(_t(d, [15]), decimals=-1),
+    "topk of bools": lambda d: torch.topk(_t(d, [True, False, True]), 2),
+    "searchsorted of bools": lambda d: torch.searchsorted(_t(d, [False, True]),
+                                                          _t(d, [True])),
+    "searchsorted of a bool scalar": lambda d: torch.searchsorted(_t(d, [False, True]), True),
+    "bucketize of bools": lambda d: torch.bucketize(_t(d, [True]), _t(d, [False, True])),
+    "isin of bools": lambda d: torch.isin(_t(d, [True]), _t(d, [False, True])),
+    "isin of a float and a bool": lambda d: torch.isin(_t(d, [1.]), True),
 }
 
 
