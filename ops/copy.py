@@ -6,6 +6,7 @@ device with Trainium rounding, as the runtime would.
 """
 from __future__ import annotations
 
+import contextlib
 from functools import partial, wraps
 
 import numpy as np
@@ -24,11 +25,23 @@ from neuron_eager.ops.sourceline import called_from_torch_file, warn_at_user_lin
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
 _float64_warned = False
+_float64_inside = [0]  # > 0 while an op makes float64 temporaries of its own
+
+
+@contextlib.contextmanager
+def float64_temporaries():
+    """No float64 warning inside: torch.linalg.matrix_rank makes its float64 tolerances
+    itself (in C++), whatever the user's dtype."""
+    _float64_inside[0] += 1
+    try:
+        yield
+    finally:
+        _float64_inside[0] -= 1
 
 
 def warn_float64(dtype: torch.dtype) -> None:
     global _float64_warned
-    if dtype == torch.float64 and not _float64_warned:
+    if dtype == torch.float64 and not _float64_warned and not _float64_inside[0]:
         if called_from_torch_file("amp", "grad_scaler.py"):
             return  # unscale_ takes 1/scale through float64 on every device: not the user's
         _float64_warned = True

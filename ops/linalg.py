@@ -20,7 +20,8 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops._compat import torch_lapack_library
 from neuron_eager.ops.jit import native_call, njit
 from neuron_eager.ops.meta import meta_run
-from neuron_eager.ops.registry import register
+from neuron_eager.ops.copy import float64_temporaries
+from neuron_eager.ops.registry import around_decomposition, register
 
 aten = torch.ops.aten
 F32 = torch.float32
@@ -701,3 +702,9 @@ def check_errors_kernel(info: T.NeuronTensor, api_name: str, is_matrix: bool) ->
 @register(aten._linalg_check_errors.default)
 def linalg_check_errors(info, api_name, *, is_matrix):
     check_errors_kernel(info, api_name, is_matrix)
+
+
+# matrix_rank and pinv build float64 tolerance tensors in C++ for inputs of any dtype: the
+# float64 warning would name the user's line for a tensor the user never made
+around_decomposition(float64_temporaries, aten.linalg_matrix_rank, aten.linalg_pinv)
+

@@ -74,3 +74,22 @@ def _below_autograd(op: torch._ops.OpOverload) -> Callable:
 
     _compat.keep_dynamo_out(kernel)  # (called from C++ while a compiled graph runs)
     return kernel
+
+
+def around_decomposition(wrap: Callable, *ops) -> None:
+    """Run the CompositeImplicitAutograd `ops` as they decompose, inside `wrap()` (a context
+    manager): for what must hold while their inner ops run, such as a warning that belongs to
+    the user's tensors and not to temporaries the decomposition makes."""
+    for op in ops:
+        for overload in _overloads(op):
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(overload.name(),
+                                                                  "CompositeImplicitAutograd"):
+                continue  # (pinv with tensor tolerances has a kernel and a derivative)
+
+            def kernel(*args, _op=overload, **kwargs):
+                with wrap():
+                    return _op.decompose(*args, **kwargs)
+
+            _compat.keep_dynamo_out(kernel)
+            _autograd_library.impl(overload.name(), kernel, "AutogradPrivateUse1")
+

@@ -271,6 +271,19 @@ def test_grad_scaler_does_not_warn_of_float64():
         torch.ones(2, dtype=torch.float64, device="neuron")
 
 
+def test_float32_linalg_does_not_warn_of_its_own_float64_tolerances():
+    # matrix_rank and pinv make float64 tolerance tensors in C++ for a float32 input
+    neuron_eager.ops.copy._float64_warned = False
+    a = torch.randn(5, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.linalg.matrix_rank(a.to("neuron")).item() == torch.linalg.matrix_rank(a)
+        torch.testing.assert_close(torch.linalg.pinv(a.to("neuron"), rtol=0.1).cpu(),
+                                   torch.linalg.pinv(a, rtol=0.1))
+    with pytest.warns(UserWarning, match="float64 on neuron"):  # still told of its own
+        torch.linalg.matrix_rank(a.double().to("neuron"))
+
+
 def test_int64_is_computed_in_32_bits():
     x = torch.tensor([2**31 - 1, 5]).to("neuron")
     y = (x + 1).cpu()
