@@ -118,6 +118,146 @@ def col2im(lo_n, hi_n, img, cols, g):
                                 o += Wo
 
 
+# Note [Depthwise convolution]
+# With one input channel per group and one output channel per input channel (ConvNeXt's and
+# MobileNet's depthwise layers), each group's GEMM is a row of kh*kw taps times a matrix of
+# columns: im2col copied every input value kh*kw times (472 MB for 8 x 96 x 56 x 56 with 7 x 7
+# taps) for products of one row. The kernel below slides the taps over the image instead:
+# one output row accumulates tap by tap in fp32 (the chunk of Note [PSUM accumulation]; taps
+# past 128 start a new chunk, added in order), then the bias, then the one rounding.
+@njit(inline="always")
+def _padded(g):
+    """(Hp, Wp): a zero-padded plane holding every tap of every output position."""
+    H, W, kh, kw, Ho, Wo = g[2], g[3], g[8], g[9], g[10], g[11]
+    sh, sw, ph, pw, dh, dw = g[12], g[13], g[14], g[15], g[16], g[17]
+    return (max((Ho - 1) * sh + (kh - 1) * dh + 1, ph + H),
+            max((Wo - 1) * sw + (kw - 1) * dw + 1, pw + W))
+
+
+@njit(inline="always")
+def _fill(plane, Wp, src, base, g):
+    """plane[(h + ph) * Wp + w + pw] = src[base + h * s_h + w * s_w] over the image (g[6:8])."""
+    H, W, sh_, sw_, ph, pw = g[2], g[3], g[6], g[7], g[14], g[15]
+    for h in range(H):
+        for w in range(W):
+            plane[(h + ph) * Wp + w + pw] = src[np.uint64(base + h * sh_ + w * sw_)]
+
+
+@njit(error_model="numpy", nogil=True, fastmath={"contract"})
+def depthwise(lo_r, hi_r, out, x, w, b, g):
+    """out[r, ho*Wo + wo] for rows r = n*C + c in [lo_r, hi_r): x (strided: g[4:8]) correlated
+    with w[c] (kh*kw taps), plus b[c] where g[18]; g as in Conv.depthwise_geometry. Each
+    plane is copied into a zero-padded one (Hp x Wp), and each tap is one long loop over a
+    "wide" output of Ho rows of Wp (the columns past Wo are computed and dropped): rows of a
+    few dozen columns left most of the work to the vector loop's scalar remainder."""
+    C, xn, xc = g[1], g[4], g[5]
+    kh, kw, Ho, Wo, sh, sw, dh, dw, has_bias = g[8], g[9], g[10], g[11], g[12], g[13], \
+        g[16], g[17], g[18]
+    taps = kh * kw
+    Hp, Wp = _padded(g)
+    plane = np.zeros((Hp + 1) * Wp, np.float32)  # (+ a row: the last tap's wide row runs on)
+    wide = Ho * Wp
+    chunk = np.empty(wide, np.float32)
+    total = np.empty(wide, np.float32)
+    for r in range(lo_r, hi_r):
+        n, c = r // C, r % C
+        _fill(plane, Wp, x, n * xn + c * xc, g)
+        for t0 in range(0, taps, 128):
+            chunk[:] = 0
+            for t in range(t0, min(t0 + 128, taps)):
+                wt = w[c * taps + t]
+                shift = (t // kw) * dh * Wp + (t % kw) * dw
+                if sh == 1 and sw == 1:
+                    src = plane[shift:shift + wide]
+                    for k in range(wide):
+                        chunk[k] += wt * src[k]
+                else:
+                    for ho in range(Ho):
+                        for wo in range(Wo):
+                            chunk[ho * Wp + wo] += wt * plane[shift + ho * sh * Wp + wo * sw]
+            if t0 == 0:
+                total[:] = chunk
+            else:
+                total += chunk
+        at = r * Ho * Wo
+        for ho in range(Ho):
+            for wo in range(Wo):
+                v = total[ho * Wp + wo]
+                out[np.uint64(at + ho * Wo + wo)] = v + b[c] if has_bias else v
+
+
+@njit(error_model="numpy", nogil=True, fastmath={"contract"})
+def depthwise_image_grad(lo_r, hi_r, img, grad, w, g):
+    """The adjoint of `depthwise` for rows [lo_r, hi_r): img (contiguous N*C planes of H*W)
+    from grad (strided: g[19:23] its (n, c, h, w) strides). Each tap adds its products over
+    the wide rows into a padded plane, taps in order (col2im's order)."""
+    C, H, W = g[1], g[2], g[3]
+    kh, kw, Ho, Wo, sh, sw, ph, pw, dh, dw = g[8], g[9], g[10], g[11], g[12], g[13], g[14], \
+        g[15], g[16], g[17]
+    gn, gc, gh, gw = g[19], g[20], g[21], g[22]
+    taps = kh * kw
+    Hp, Wp = _padded(g)
+    plane = np.empty((Hp + 1) * Wp, np.float32)
+    wide = Ho * Wp
+    spread = np.zeros(wide, np.float32)  # grad in wide rows (columns past Wo stay 0)
+    for r in range(lo_r, hi_r):
+        n, c = r // C, r % C
+        base = n * gn + c * gc
+        for ho in range(Ho):
+            for wo in range(Wo):
+                spread[ho * Wp + wo] = grad[np.uint64(base + ho * gh + wo * gw)]
+        plane[:] = 0
+        for t in range(taps):
+            wt = w[c * taps + t]
+            shift = (t // kw) * dh * Wp + (t % kw) * dw
+            if sh == 1 and sw == 1:
+                dst = plane[shift:shift + wide]
+                for k in range(wide):
+                    dst[k] += wt * spread[k]
+            else:
+                for ho in range(Ho):
+                    for wo in range(Wo):
+                        plane[shift + ho * sh * Wp + wo * sw] += wt * spread[ho * Wp + wo]
+        at = r * H * W
+        for h in range(H):
+            for ww in range(W):
+                img[np.uint64(at + h * W + ww)] = plane[(h + ph) * Wp + ww + pw]
+
+
+@njit(error_model="numpy", nogil=True)
+def depthwise_weight_grad(lo_c, hi_c, out, x, grad, g):
+    """out[c * taps + t] = sum over samples and positions of grad * the tap's input, for
+    channels [lo_c, hi_c): per sample, chunks of 128 positions each summed in fp32 (a BLAS
+    dot), added in order (the weight-gradient GEMM's order, Note [PSUM accumulation])."""
+    N, C, xn, xc = g[0], g[1], g[4], g[5]
+    kh, kw, Ho, Wo, sh, sw, dh, dw = g[8], g[9], g[10], g[11], g[12], g[13], g[16], g[17]
+    gn, gc, gh, gw = g[19], g[20], g[21], g[22]
+    taps, L = kh * kw, Ho * Wo
+    Hp, Wp = _padded(g)
+    plane = np.zeros((Hp + 1) * Wp, np.float32)
+    dense = np.empty(L, np.float32)
+    tap = np.empty(L, np.float32)
+    total = np.empty(taps, np.float32)
+    for c in range(lo_c, hi_c):
+        total[:] = 0
+        for n in range(N):
+            _fill(plane, Wp, x, n * xn + c * xc, g)
+            base = n * gn + c * gc
+            for ho in range(Ho):
+                for wo in range(Wo):
+                    dense[ho * Wo + wo] = grad[np.uint64(base + ho * gh + wo * gw)]
+            for t in range(taps):
+                shift = (t // kw) * dh * Wp + (t % kw) * dw
+                for ho in range(Ho):
+                    for wo in range(Wo):
+                        tap[ho * Wo + wo] = plane[shift + ho * sh * Wp + wo * sw]
+                for l0 in range(0, L, 128):
+                    l1 = min(l0 + 128, L)
+                    total[t] += np.dot(dense[l0:l1], tap[l0:l1])
+        for t in range(taps):
+            out[c * taps + t] = total[t]
+
+
 # -- geometry --------------------------------------------------------------------------------
 def _five(t: torch.Tensor):
     """(N, C, D, H, W) sizes and strides of a 3-D (N, C, L), 4-D or 5-D tensor."""
@@ -172,6 +312,25 @@ class Conv:
                            [cols, widen(image, True), self.geometry(strides)])
         return cols
 
+    def depthwise_geometry(self, image=None, grad=None, has_bias=False) -> np.ndarray:
+        """g of the depthwise kernels: N, C, H, W, the image's strides (n, c, h, w), kh, kw,
+        Ho, Wo, stride, padding and dilation (h, w), has_bias, the grad's strides."""
+        def strides(t):
+            if t is None:
+                return (0, 0, 0, 0)
+            _, (sn, sc, _, sh, sw) = _five(t)
+            return sn, sc, sh, sw
+
+        return np.array([self.N, self.C, self.H, self.W, *strides(image), self.kh, self.kw,
+                         self.Ho, self.Wo, *self.stride[1:], *self.padding[1:],
+                         *self.dilation[1:], int(has_bias), *strides(grad)], np.int64)
+
+    @property
+    def is_depthwise(self) -> bool:
+        """One input and one output channel per group, in 1-D or 2-D (Note [Depthwise
+        convolution])."""
+        return self.G == self.C == self.O and self.kd == 1 and self.D == 1
+
     def forward(self, out_values: np.ndarray, image: NeuronTensor, weight: NeuronTensor,
                 bias: NeuronTensor | None):
         """out (N, O, L) = W_g @ cols_g per group, + bias: one product (Og, CKg) @ (CKg, N*L)
@@ -179,6 +338,12 @@ class Conv:
         Og, CKg, L, N = self.Og, self.CKg, self.L, self.N
         fb = widen(bias) if bias is not None else None
         bs = bias.stride(0) if bias is not None else 0
+        if self.is_depthwise and out_values.dtype == np.float32:
+            fb = fb[np.arange(self.C) * bs] if bias is not None else np.zeros(1, np.float32)
+            workers.share_rows(depthwise, N * self.C, out_values.size,
+                               [out_values, widen(image, True), widen(weight, True), fb,
+                                self.depthwise_geometry(image, has_bias=bias is not None)])
+            return out_values
         # (G, Og, N, L), or the result itself for one sample
         by_group = np.empty(self.O * N * L, out_values.dtype) if N > 1 else out_values
         gemm_values(by_group, (1, self.G, 1, Og, N * L, CKg),
@@ -193,8 +358,17 @@ class Conv:
     def image_grad(self, grad: NeuronTensor, weight: NeuronTensor, dtype, bias=None):
         """col2im(W_g^T @ grad_g): the gradient on the image side (transposed conv forward)."""
         Og, CKg, L = self.Og, self.CKg, self.L
-        fg, (sn, sc, sl) = _matrix(grad)
         kind = compute_dtype(dtype)
+        if self.is_depthwise and kind is np.float32:
+            img = np.empty(self.N * self.C * self.H * self.W, kind)
+            workers.share_rows(depthwise_image_grad, self.N * self.C, img.size,
+                               [img, widen(grad, True), widen(weight, True),
+                                self.depthwise_geometry(grad=grad)])
+            if bias is not None:
+                img.reshape(self.N, self.C, -1)[:] += widen(bias)[np.arange(self.C)
+                                                                  * bias.stride(0)][:, None]
+            return img
+        fg, (sn, sc, sl) = _matrix(grad)
         cols = np.empty(self.N * self.CK * L, kind)
         gemm_values(cols, (self.N, self.G, 1, CKg, L, Og), widen(weight, True),
                     (0, Og * CKg, 0, 1, CKg),
@@ -209,6 +383,11 @@ class Conv:
     def weight_grad(self, out_values: np.ndarray, grad: NeuronTensor, image: NeuronTensor):
         """sum_n grad_g[n] @ cols_g[n]^T: (G, Og, CKg), the weight's contiguous layout."""
         Og, CKg, L = self.Og, self.CKg, self.L
+        if self.is_depthwise and out_values.dtype == np.float32:
+            workers.share_rows(depthwise_weight_grad, self.C, self.N * self.C * L,
+                               [out_values, widen(image, True), widen(grad, True),
+                                self.depthwise_geometry(image, grad)])
+            return out_values
         fg, (sn, sc, sl) = _matrix(grad)
         gemm_values(out_values, (1, self.G, self.N, Og, CKg, L), fg, (0, Og * sc, sn, sc, sl),
                     self.columns(image), (0, CKg * self.N * L, L, 1, self.N * L))

@@ -30,6 +30,38 @@ def test_conv2d(dtype, cfg, seed):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("cfg", [
+    dict(k=3, padding=1),
+    dict(k=7, padding=3),  # ConvNeXt's
+    dict(k=(3, 5), stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
+    dict(k=3, stride=3, padding=5, dilation=2),
+    dict(k=13, padding=6),  # 169 taps: two PSUM chunks
+])
+def test_depthwise_conv2d(dtype, cfg, seed):
+    # Note [Depthwise convolution]: forward, image and weight gradients by their own kernels
+    cfg = dict(cfg)
+    k = cfg.pop("k")
+    k = (k, k) if isinstance(k, int) else k
+    x, w, b = _rand(3, 6, 15, 17, dtype=dtype), _rand(6, 1, *k, dtype=dtype), _rand(6, dtype=dtype)
+    check_op(lambda x, w, b: F.conv2d(x, w, b, groups=6, **cfg), x, w, b, grad=True,
+             **TOL[dtype], fp32_reference=True)
+
+
+def test_depthwise_conv_layouts_1d_transposed_and_large(seed):
+    x = torch.randn(2, 8, 9, 9).to(memory_format=torch.channels_last).requires_grad_(True)
+    check_op(lambda x, w: F.conv2d(x, w, padding=1, groups=8), x, _rand(8, 1, 3, 3), grad=True,
+             **TOL[torch.float32])
+    check_op(lambda x, w, b: F.conv1d(x, w, b, padding=2, groups=5), _rand(3, 5, 20),
+             _rand(5, 1, 5), _rand(5), grad=True, **TOL[torch.float32])
+    check_op(lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1,
+                                                groups=4), _rand(2, 4, 5, 6), _rand(4, 1, 3, 3),
+             _rand(4), grad=True, **TOL[torch.float32])
+    # enough rows to run a share per core
+    check_op(lambda x, w: F.conv2d(x, w, padding=3, groups=32), _rand(4, 32, 48, 48),
+             _rand(32, 1, 7, 7), grad=True, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
 def test_conv2d_long_contraction_no_bias(dtype, seed):
     # K = C*kh*kw = 300: three PSUM chunks, the last one partial
     x, w = _rand(2, 75, 5, 5, dtype=dtype), _rand(3, 75, 2, 2, dtype=dtype)
