@@ -148,8 +148,7 @@ def masked_fill(x, mask, value):
         if value.dim() != 0 or type(value) is NeuronTensor:
             return None
         value = value.item()
-    else:
-        numerics.check_fits(value, x.dtype)
+    numerics.check_fits(value, x.dtype)
     dtype, compute = E.dtypes_for(masking._MASKED_FILL, [x, mask])
     shape = E.broadcast_shape([mask.shape, x.shape])  # (the CPU's order, for its message)
     return Planned(masking._MASKED_FILL, [x, mask], [value], dtype, compute, shape,

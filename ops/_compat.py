@@ -256,6 +256,10 @@ def _keep_identity(old: torch.nn.Parameter, new: torch.nn.Parameter, where: str)
     """`old` holding `new`'s data if torch lets the two swap, else `new` (said once: an
     optimizer made before the conversion would go on updating `old`)."""
     global _identity_warned
+    # swap_tensors moves the tensors' hooks and __dict__ along with their data: what the user
+    # put on `old` (hooks, attributes such as _no_weight_decay) goes back on it afterwards
+    pre, post = old._backward_hooks, getattr(old, "_post_accumulate_grad_hooks", None)
+    attributes = dict(old.__dict__)
     try:
         torch.utils.swap_tensors(old, new)
     except RuntimeError as e:
@@ -266,7 +270,19 @@ def _keep_identity(old: torch.nn.Parameter, new: torch.nn.Parameter, where: str)
             warn_at_user_line(f"Module.to(): {where} is held elsewhere ({e}), so it is a new "
                               f"Parameter now; build optimizers after moving the model")
         return new
+    _restore_user_state(old, pre, post, attributes)
     return old
+
+
+def _restore_user_state(p, pre, post, attributes) -> None:
+    from neuron_eager.ops.tensor import DEVICE_ATTRS
+
+    if pre or post:  # (assigning the dicts registers them again; their handles stay valid)
+        p._backward_hooks = p._post_accumulate_grad_hooks = None
+        p._backward_hooks, p._post_accumulate_grad_hooks = pre or None, post or None
+    for name, value in attributes.items():
+        if name not in DEVICE_ATTRS:
+            p.__dict__.setdefault(name, value)
 
 
 def install_tied_parameters_shim() -> None:

@@ -207,7 +207,11 @@ def _tri_indices(op, lower):
 
 
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return full((), s, dtype=dtype or torch.get_default_dtype(), layout=layout)
+    dtype = dtype or torch.get_default_dtype()
+    if dtype.is_floating_point and isinstance(s, float) and abs(s) > torch.finfo(dtype).max:
+        # the CPU casts here where fill_ checks: where(mask, half_scores, -1e9) masks with -inf
+        s = torch.tensor(s, dtype=torch.float64).to(dtype).item()
+    return full((), s, dtype=dtype, layout=layout)
 
 
 def _local_scalar_dense(x):

@@ -588,6 +588,7 @@ def _identity(op: str, dtype: torch.dtype) -> NeuronTensor:
 
 @register(aten.scatter_reduce.two)
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    reduce = {"max": "amax", "min": "amin"}.get(reduce, reduce)  # the CPU's aliases (not meta's)
     x1, i1, s1, sstr, dim = _scatter_prep(aten.scatter_reduce.two, x, dim, index, src, reduce,
                                           include_self=include_self)
     op = _REDUCE_NAMES[reduce]

@@ -12,6 +12,7 @@ import torch
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import indexing as I
+from neuron_eager.ops import kernelgen
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
@@ -150,7 +151,7 @@ def _fill_value(value, dtype):
         if value.dim() != 0:
             raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got "
                                f"tensor with {value.dim()} dimension(s).")
-        return value.item()
+        value = value.item()
     numerics.check_fits(value, dtype)
     return value
 
@@ -178,10 +179,26 @@ def masked_select(x, mask):
     n = count_nonzero(mask) * (T.numel(shape) // max(mask.numel(), 1)) if mask.numel() else 0
     out = T.empty((n,), x.dtype)
     if n:
+        if _merged_rank(shape, [I._bstrides(x, shape), I._bstrides(mask, shape)]) > 4:
+            x, mask = _dense(x, shape), _dense(mask, shape)
         I.launch4(_compact, [I.flat(out), I.flat(x), I.flat(mask)], shape,
                   [I._bstrides(x, shape), I._bstrides(mask, shape)])
         core.launch("gpsimd", T.numel(shape), out._nd.nbytes + x._nd.nbytes + mask._nd.nbytes)
     return out
+
+
+# Note [Compaction past 4 dims]
+# The compaction kernels walk 4 strided dims in order, counting the elements taken; launch4
+# slices the leading dims of a deeper layout into separate launches, which would restart the
+# count (and drop the mask's strides). Operands whose layouts do not merge to 4 dims are made
+# dense first: one dim, and the count runs through.
+def _merged_rank(shape, strides) -> int:
+    return len(kernelgen.coalesce(list(shape), [list(s) for s in strides])[0])
+
+
+def _dense(t, shape):
+    """t broadcast to `shape`, as a contiguous tensor."""
+    return E.copy_into(T.empty(shape, t.dtype), t)
 
 
 def _masked_scatter_into(out, mask, source):
@@ -199,8 +216,13 @@ def _masked_scatter_into(out, mask, source):
         src = source.contiguous()
         if src._storage is out._storage:
             src = I._clone(src)
-        I.launch4(_expand, [I.flat(out), I.flat(src), I.flat(mask)], shape,
-                  [out.stride(), I._bstrides(mask, shape)])
+        dst = out
+        if _merged_rank(shape, [out.stride(), I._bstrides(mask, shape)]) > 4:
+            dst, mask = _dense(out, shape), _dense(mask, shape)
+        I.launch4(_expand, [I.flat(dst), I.flat(src), I.flat(mask)], shape,
+                  [dst.stride(), I._bstrides(mask, shape)])
+        if dst is not out:
+            E.copy_into(out, dst)
         core.launch("gpsimd", T.numel(shape), 2 * n * out.element_size() + mask._nd.nbytes)
     return out
 

@@ -556,13 +556,13 @@ def unique(x, sorted=True, return_inverse=False):
 
 
 def _unique_dim(op, x, dim, sort, return_inverse, return_counts, consecutive):
-    d = R.wrap_dims(x, dim, False)[0] if x.dim() else None
+    if not x.dim():
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    d = R.wrap_dims(x, dim, False)[0]
     if x.numel() == 0:
         args = (return_inverse, return_counts, dim) if consecutive else \
             (dim, sort, return_inverse, return_counts)
         return R.on_empty(op, x, *args)
-    if d is None:
-        return _unique_flat(x, sort, return_inverse, return_counts)
     moved = x.movedim(d, 0).contiguous()
     firsts, inverse, counts = _groups(moved.reshape(moved.shape[0], -1), sort)
     index = _from_nd(firsts)

@@ -532,6 +532,7 @@ def set_dispatcher(fn) -> None:
 
 
 _DATA_ATTRS = frozenset(("_storage", "_nd", "_flat", "_key"))
+DEVICE_ATTRS = _DATA_ATTRS | {"_is_param"}  # what a tensor's __dict__ holds for the device
 _pending_hook = None
 
 

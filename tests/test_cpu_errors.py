@@ -101,6 +101,16 @@ ERRORS = {
     "bucketize of bools": lambda d: torch.bucketize(_t(d, [True]), _t(d, [False, True])),
     "isin of bools": lambda d: torch.isin(_t(d, [True]), _t(d, [False, True])),
     "isin of a float and a bool": lambda d: torch.isin(_t(d, [1.]), True),
+    # valid-looking: clamped [1, 2, 3] to [1, 1, 1] with max 1.5
+    "in-place clamp of ints, float bound": lambda d: _t(d, [1, 2, 3]).clamp_max_(1.5),
+    "in-place clamp of int32, float bounds": lambda d: _t(d, [1, 2], dtype=torch.int32).clamp_(
+        0.5, 2.5),
+    # valid-looking: filled 44 and inf
+    "masked_fill of uint8 with a tensor 300": lambda d: torch.zeros(
+        2, dtype=torch.uint8, device=d).masked_fill(_t(d, [True, False]), _t(d, 300)),
+    "masked_fill of fp16 with a tensor 1e5": lambda d: torch.zeros(
+        2, dtype=torch.half, device=d).masked_fill(_t(d, [True, False]), _t(d, 1e5)),
+    "unique of a 0-dim tensor along dim 0": lambda d: torch.unique(_t(d, 5), dim=0),
 }
 
 
@@ -127,6 +137,19 @@ VALUES = {
                                                      ).nan_to_num(nan=7.0).sign(),
     "hypot at extremes": lambda d: torch.hypot(_t(d, [3e19, 3e-25, float("inf"), 0.0]),
                                                _t(d, [4e19, 4e-25, float("nan"), 0.0])),
+    "where(mask, fp16, -1e9) masks with -inf": lambda d: torch.where(
+        _t(d, [True, False]), torch.ones(2, device=d).half(), -1e9),
+    "scalar_tensor past fp16's range rounds": lambda d: torch.stack([
+        torch.scalar_tensor(v, dtype=torch.half, device=d) for v in (-1e9, 65519.0, 7e4)]),
+    "scatter_reduce's max and min aliases": lambda d: torch.stack([
+        torch.zeros(3, device=d).scatter_reduce(0, _t(d, [0, 0, 2]), _t(d, [5., -1, -3]), r,
+                                                include_self=False) for r in ("max", "min")]),
+    "masked_select and masked_scatter past 4 dims": lambda d: torch.cat([
+        torch.arange(720., device=d).view(2, 3, 4, 5, 6).permute(4, 3, 2, 1, 0).masked_select(
+            torch.arange(720, device=d).view(6, 5, 4, 3, 2) % 3 == 0),
+        torch.zeros(2, 3, 4, 5, 6, device=d).masked_scatter_(
+            torch.arange(48, device=d).view(2, 1, 4, 1, 6) % 2 == 0,
+            torch.arange(720., device=d)).view(-1)]),
     "cpu tensor, neuron index": lambda d: torch.arange(5.)[_t(d, [1, 3])] if d != "cpu" else
     _outcome_error("indices should be either on cpu or on the same device as the indexed "
                    "tensor (cpu)"),

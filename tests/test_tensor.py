@@ -284,6 +284,27 @@ def test_float32_linalg_does_not_warn_of_its_own_float64_tolerances():
         torch.linalg.matrix_rank(a.double().to("neuron"))
 
 
+def test_moving_a_model_keeps_its_parameters_hooks_and_attributes():
+    # .to() keeps each Parameter object (Note in ops/_compat.py); what the user put on it
+    # (hooks, flags read to build parameter groups) must stay on it, in both directions
+    lin = torch.nn.Linear(3, 1)
+    handle = lin.weight.register_hook(lambda g: g * 0)
+    lin.weight._no_weight_decay = True
+    accumulated = []
+    lin.weight.register_post_accumulate_grad_hook(lambda p: accumulated.append(p.grad.sum()))
+    lin.to("neuron")
+    lin(torch.ones(2, 3, device="neuron")).sum().backward()
+    assert torch.equal(lin.weight.grad.cpu(), torch.zeros(1, 3))
+    assert lin.weight._no_weight_decay and len(accumulated) == 1
+    handle.remove()
+    lin.to("cpu")
+    lin.weight.grad = None
+    lin(torch.ones(2, 3)).sum().backward()
+    assert torch.equal(lin.weight.grad, torch.full((1, 3), 2.0))
+    assert lin.weight._no_weight_decay and len(accumulated) == 2
+    assert "_storage" not in lin.weight.__dict__
+
+
 def test_int64_is_computed_in_32_bits():
     x = torch.tensor([2**31 - 1, 5]).to("neuron")
     y = (x + 1).cpu()
