@@ -285,6 +285,34 @@ def _restore_user_state(p, pre, post, attributes) -> None:
             p.__dict__.setdefault(name, value)
 
 
+# Note [No bare neuron storages]
+# A storage made on its own (torch.UntypedStorage(n, device="neuron"), storage.clone(), a
+# DataLoader worker collating device tensors into shared memory) asks c10 for the device's C++
+# allocator, which a Python backend cannot register: the process crashed (SIGSEGV). Such calls
+# now raise, saying what works instead; storages of neuron tensors are unaffected.
+_storage_new = None
+
+
+def refuse_bare_storages() -> None:
+    global _storage_new
+    if _storage_new is not None:
+        return
+    _storage_new = torch.UntypedStorage.__new__
+
+    def __new__(cls, *args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == BACKEND:
+            raise RuntimeError(
+                f"a storage cannot be made on its own on {BACKEND} (this simulated device has "
+                f"no C++ allocator): make a tensor there instead (torch.empty(n, dtype=torch."
+                f"uint8, device='{BACKEND}')). In a DataLoader, return CPU tensors from the "
+                f"dataset and move each batch to {BACKEND} in the training loop.")
+        if device is not None:
+            kwargs["device"] = device
+        return _storage_new(cls, *args, **kwargs)
+
+    torch.UntypedStorage.__new__ = __new__
+
+
 def install_tied_parameters_shim() -> None:
     global _plain_apply
     if _plain_apply is not None:

@@ -305,6 +305,16 @@ def test_moving_a_model_keeps_its_parameters_hooks_and_attributes():
     assert "_storage" not in lin.weight.__dict__
 
 
+def test_bare_storages_raise_instead_of_crashing():
+    # Note [No bare neuron storages]: these crashed the process (no C++ allocator)
+    for make in (lambda: torch.UntypedStorage(12, device="neuron"),
+                 lambda: torch.ones(3, device="neuron").untyped_storage().clone()):
+        with pytest.raises(RuntimeError, match="cannot be made on its own"):
+            make()
+    assert torch.UntypedStorage(12).nbytes() == 12  # the CPU's are untouched
+    assert torch.ones(3).untyped_storage().clone().nbytes() == 12
+
+
 def test_int64_is_computed_in_32_bits():
     x = torch.tensor([2**31 - 1, 5]).to("neuron")
     y = (x + 1).cpu()
