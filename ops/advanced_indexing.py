@@ -125,20 +125,18 @@ def _check_indexed_here(x) -> None:
 def _index_put_into(dst, indices, values, accumulate):
     """dst[indices] = values (or += with accumulate), written in place into dst."""
     _check_indexed_here(dst)
+    mask = indices[0] if len(indices) == 1 else None
+    if (not accumulate and isinstance(mask, NeuronTensor) and mask.dtype == torch.bool
+            and mask.shape == dst.shape and values.numel() == 1 and dst.is_contiguous()):
+        # x[mask] = v as the CPU runs it: a masked fill with the value as a scalar (so of any
+        # dtype that fits); optimizers write these (Rprop: three per parameter a step)
+        from neuron_eager.ops.masking import masked_fill_
+
+        return masked_fill_(dst, mask, values.item())
     if values.dtype != dst.dtype:
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
                            f"{T.dtype_name(dst.dtype)} for the destination and "
                            f"{T.dtype_name(values.dtype)} for the source.")
-    mask = indices[0] if len(indices) == 1 else None
-    if (not accumulate and isinstance(mask, NeuronTensor) and mask.dtype == torch.bool
-            and mask.shape == dst.shape and values.numel() == 1 and values.dim() <= 1
-            and dst.is_contiguous()):
-        # x[mask] = v, as optimizers write it (Rprop: three per parameter a step): a masked
-        # fill, not nonzero + index_put
-        from neuron_eager.ops.masking import masked_fill_
-
-        value = values.reshape(()) if isinstance(values, NeuronTensor) else values.item()
-        return masked_fill_(dst, mask, value)
     if not isinstance(values, NeuronTensor):
         values = I.on_device(values) if values.dim() else T.from_cpu(values)
     indices = _expand_masks(dst, list(indices))

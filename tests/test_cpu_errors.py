@@ -150,6 +150,9 @@ VALUES = {
         torch.zeros(2, 3, 4, 5, 6, device=d).masked_scatter_(
             torch.arange(48, device=d).view(2, 1, 4, 1, 6) % 2 == 0,
             torch.arange(720., device=d)).view(-1)]),
+    "x[mask] = one value of another dtype": lambda d: torch.stack([
+        torch.zeros(2, 3, device=d).index_put_((torch.arange(6, device=d).view(2, 3) % 2 == 0,),
+                                               v) for v in (_t(d, 1), _t(d, [7]))]),
     "cpu tensor, neuron index": lambda d: torch.arange(5.)[_t(d, [1, 3])] if d != "cpu" else
     _outcome_error("indices should be either on cpu or on the same device as the indexed "
                    "tensor (cpu)"),
