@@ -482,17 +482,12 @@ def _clamp_run(x, lo, hi, out=None):
         return _clamp_tensor(x, lo, hi, out)
     if out is not None and not torch.can_cast(dtype, out.dtype):
         raise RuntimeError(f"result type {T.dtype_name(dtype)} can't be cast to the desired "
-                           f"output type {_C_TYPE_NAMES[out.dtype]}")
+                           f"output type {T.CPP_NAMES.get(out.dtype, out.dtype)}")
     check_clamp_bounds(lo, hi, dtype)
     if out is None and dtype != x.dtype:
         x = x.to(dtype)
     return E.run(_CLAMP, [x], [0 if lo is None else lo, 0 if hi is None else hi,
                                lo is not None, hi is not None], out=out)
-
-
-# in-place clamps with scalar bounds name the output's C++ type, as the CPU's kernel does
-_C_TYPE_NAMES = {torch.int64: "long int", torch.int32: "int", torch.int16: "short int",
-                 torch.int8: "signed char", torch.uint8: "unsigned char", torch.bool: "bool"}
 
 
 def check_clamp_bounds(lo, hi, dtype) -> None:

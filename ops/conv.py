@@ -135,12 +135,13 @@ def _padded(g):
 
 
 @njit(inline="always")
-def _fill(plane, Wp, src, base, g):
-    """plane[(h + ph) * Wp + w + pw] = src[base + h * s_h + w * s_w] over the image (g[6:8])."""
-    H, W, sh_, sw_, ph, pw = g[2], g[3], g[6], g[7], g[14], g[15]
-    for h in range(H):
-        for w in range(W):
-            plane[(h + ph) * Wp + w + pw] = src[np.uint64(base + h * sh_ + w * sw_)]
+def _gather(dst, width, start, src, base, rows, cols, s_r, s_c):
+    """dst[start + r * width + c] = src[base + r * s_r + c * s_c] for r < rows, c < cols: a
+    strided plane into rows of `width` (an image into its padded plane, a gradient into wide
+    or dense rows, a tap's inputs out of the plane)."""
+    for r in range(rows):
+        for c in range(cols):
+            dst[start + r * width + c] = src[np.uint64(base + r * s_r + c * s_c)]
 
 
 @njit(error_model="numpy", nogil=True, fastmath={"contract"})
@@ -161,7 +162,7 @@ def depthwise(lo_r, hi_r, out, x, w, b, g):
     total = np.empty(wide, np.float32)
     for r in range(lo_r, hi_r):
         n, c = r // C, r % C
-        _fill(plane, Wp, x, n * xn + c * xc, g)
+        _gather(plane, Wp, g[14] * Wp + g[15], x, n * xn + c * xc, g[2], g[3], g[6], g[7])
         for t0 in range(0, taps, 128):
             chunk[:] = 0
             for t in range(t0, min(t0 + 128, taps)):
@@ -202,10 +203,7 @@ def depthwise_image_grad(lo_r, hi_r, img, grad, w, g):
     spread = np.zeros(wide, np.float32)  # grad in wide rows (columns past Wo stay 0)
     for r in range(lo_r, hi_r):
         n, c = r // C, r % C
-        base = n * gn + c * gc
-        for ho in range(Ho):
-            for wo in range(Wo):
-                spread[ho * Wp + wo] = grad[np.uint64(base + ho * gh + wo * gw)]
+        _gather(spread, Wp, 0, grad, n * gn + c * gc, Ho, Wo, gh, gw)
         plane[:] = 0
         for t in range(taps):
             wt = w[c * taps + t]
@@ -229,7 +227,7 @@ def depthwise_weight_grad(lo_c, hi_c, out, x, grad, g):
     """out[c * taps + t] = sum over samples and positions of grad * the tap's input, for
     channels [lo_c, hi_c): per sample, chunks of 128 positions each summed in fp32 (a BLAS
     dot), added in order (the weight-gradient GEMM's order, Note [PSUM accumulation])."""
-    N, C, xn, xc = g[0], g[1], g[4], g[5]
+    N, xn, xc = g[0], g[4], g[5]
     kh, kw, Ho, Wo, sh, sw, dh, dw = g[8], g[9], g[10], g[11], g[12], g[13], g[16], g[17]
     gn, gc, gh, gw = g[19], g[20], g[21], g[22]
     taps, L = kh * kw, Ho * Wo
@@ -241,16 +239,11 @@ def depthwise_weight_grad(lo_c, hi_c, out, x, grad, g):
     for c in range(lo_c, hi_c):
         total[:] = 0
         for n in range(N):
-            _fill(plane, Wp, x, n * xn + c * xc, g)
-            base = n * gn + c * gc
-            for ho in range(Ho):
-                for wo in range(Wo):
-                    dense[ho * Wo + wo] = grad[np.uint64(base + ho * gh + wo * gw)]
+            _gather(plane, Wp, g[14] * Wp + g[15], x, n * xn + c * xc, g[2], g[3], g[6], g[7])
+            _gather(dense, Wo, 0, grad, n * gn + c * gc, Ho, Wo, gh, gw)
             for t in range(taps):
                 shift = (t // kw) * dh * Wp + (t % kw) * dw
-                for ho in range(Ho):
-                    for wo in range(Wo):
-                        tap[ho * Wo + wo] = plane[shift + ho * sh * Wp + wo * sw]
+                _gather(tap, Wo, 0, plane, shift, Ho, Wo, sh * Wp, sw)
                 for l0 in range(0, L, 128):
                     l1 = min(l0 + 128, L)
                     total[t] += np.dot(dense[l0:l1], tap[l0:l1])
