@@ -30,6 +30,7 @@ from neuron_eager.ops import (  # noqa: F401
     products,
     random,
     recurrent,
+    rnn_layers,
     reduction,
     reparam_grad,
     resampling,

@@ -274,6 +274,8 @@ def local_scalar_dense(x):
 
 
 def fill(x: NeuronTensor, value) -> NeuronTensor:
+    if x.dtype == torch.int64:  # kept whole, but ops read it as int32: say so once
+        warn_int64_range(value)
     if x.numel():
         x._nd[...] = numerics.encode_scalar(value, x.dtype)
         core.launch("gpsimd", x.numel(), x._nd.nbytes)

@@ -16,7 +16,6 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
-_NO_BIAS = np.zeros(1, np.float32)
 _NO_GRAD = np.zeros((1, 1), np.float32)
 
 
@@ -26,7 +25,7 @@ def _fp32(*tensors) -> bool:
                for t in tensors) and tensors[0].dim() == 2
 
 
-def _arrays(*tensors, missing=_NO_BIAS):
+def _arrays(*tensors, missing=rnn_kernels.NO_BIAS):
     return [missing if t is None else t.contiguous()._nd for t in tensors]
 
 

@@ -392,11 +392,14 @@ def test_int64_outside_int32_warns_where_it_reaches_the_device():
     for make in (lambda: torch.tensor([2 ** 40]).to("neuron"),
                  lambda: torch.zeros(1, dtype=torch.int64, device="neuron").copy_(
                      torch.tensor([-2 ** 33])),
-                 lambda: torch.arange(2 ** 33, 2 ** 33 + 4, device="neuron")):
+                 lambda: torch.arange(2 ** 33, 2 ** 33 + 4, device="neuron"),
+                 lambda: torch.full((2,), 2 ** 40, device="neuron"),
+                 # a Python scalar becomes a 0-dim neuron tensor (scalar_tensor) first
+                 lambda: torch.where(torch.tensor(True, device="neuron"), 2 ** 40, 0)):
         numerics.int64_warned = False
         with pytest.warns(UserWarning, match="int64 values outside the int32 range"):
             stored = make()
-        if stored.numel() == 1:
+        if stored.numel() == 1 and stored.dim():
             assert stored.cpu().item() in (2 ** 40, -2 ** 33)  # host copies keep them
     numerics.int64_warned = False
     with pytest.warns(UserWarning, match="floats beyond it convert to -2147483648"):

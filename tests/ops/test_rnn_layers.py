@@ -1,0 +1,107 @@
+"""nn.LSTM / nn.GRU as whole-sequence kernels (Note [Whole-sequence RNN layers])."""
+import pytest
+import torch
+
+import neuron_eager
+from checks import NEURON
+from neuron_eager.device_sim import core
+from neuron_eager.ops import rnn_layers
+
+
+def _pair(kind, **kw):
+    torch.manual_seed(0)
+    cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
+    cpu, dev = cls(5, 12, **kw), cls(5, 12, **kw)
+    dev.load_state_dict(cpu.state_dict())
+    return cpu, dev.to(NEURON)
+
+
+def _run(layer, x, states):
+    """Forward and backward through every output (the sequence and the last states)."""
+    x = x.to(next(layer.parameters()).device).requires_grad_()
+    states = tuple(s.to(x.device).requires_grad_() for s in states)
+    out, last = layer(x, states if len(states) > 1 else states[0])
+    last = last if isinstance(last, tuple) else (last,)
+    loss = (out * out).sum() + sum((s * (k + 2)).sum() for k, s in enumerate(last))
+    loss.backward()
+    grads = [x.grad, *(s.grad for s in states), *(p.grad for p in layer.parameters())]
+    return [out, *last], grads
+
+
+def _close(ours, cpu):
+    for a, b in zip(ours, cpu):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kw", [dict(num_layers=2), dict(bidirectional=True, batch_first=True),
+                                dict(bias=False), dict(num_layers=2, bidirectional=True,
+                                                       dropout=0.5)])
+def test_layers_match_the_cpu_with_every_gradient(kind, kw):
+    cpu, dev = _pair(kind, **kw)
+    dev.eval(), cpu.eval()  # (dropout between layers: off in eval, on the whole-sequence path)
+    layers = kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 7, 5, generator=g)  # 7 steps (or a batch of 7 with batch_first)
+    batch = 4 if kw.get("batch_first") else 7
+    states = [torch.randn(layers, batch, 12, generator=g) for _ in range(2 if kind == "lstm"
+                                                                         else 1)]
+    launches = core.kernels_launched
+    ours = _run(dev, x, states)
+    launches = core.kernels_launched - launches
+    want = _run(cpu, x, states)
+    _close(ours[0], want[0])
+    _close(ours[1], want[1])
+    assert launches < 40 * layers  # not a cell and two matmuls per step and direction
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_whole_sequence_is_the_per_step_path_up_to_sum_order(kind, monkeypatch):
+    cpu, dev = _pair(kind, num_layers=2)
+    x = torch.randn(9, 3, 5)
+    states = [torch.randn(2, 3, 12) for _ in range(2 if kind == "lstm" else 1)]
+    whole = _run(dev, x, states)
+    dev.zero_grad()
+    monkeypatch.setattr(rnn_layers, "WHOLE_SEQUENCE", False)
+    per_step = _run(dev, x, states)
+    for a, b in zip(whole[0], per_step[0]):  # forward: the same fp32 operations
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=2e-6, atol=1e-7)
+    _close(whole[1], [g.cpu() for g in per_step[1]])
+
+
+def test_what_it_does_not_cover_runs_step_by_step_and_matches_the_cpu():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 2, 5, generator=g)
+    cpu, dev = _pair("lstm", proj_size=4)  # a projection: h is narrower than c
+    _close(*[_run(m, x, [torch.zeros(1, 2, 4), torch.zeros(1, 2, 12)])[0] for m in (dev, cpu)])
+    cpu, dev = _pair("gru", num_layers=2, dropout=0.5)  # dropout while training
+    torch.manual_seed(5)
+    out, _ = dev(x.to(NEURON))
+    assert out.shape == (6, 2, 12) and torch.isfinite(out.cpu()).all()
+    with torch.autocast("neuron", dtype=torch.bfloat16):  # 16-bit cells, as the CPU's
+        out, _ = dev.eval()(x.to(NEURON))
+    assert torch.isfinite(out.cpu()).all()
+
+
+def test_updating_the_output_in_place_breaks_backward_as_on_the_cpu():
+    for layer in _pair("lstm"):  # the CPU's oneDNN layer saves its output too
+        out, _ = layer(torch.randn(5, 2, 5).to(next(layer.parameters()).device))
+        out.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
+def test_inference_and_adaptive_eager():
+    cpu, dev = _pair("gru", num_layers=2, bidirectional=True)
+    x = torch.randn(6, 3, 5)
+    with torch.no_grad():
+        want, _ = cpu(x)
+        ours, _ = dev(x.to(NEURON))
+    _close([ours], [want])
+    with neuron_eager.adaptive_eager():
+        y = x.to(NEURON) * 2  # pending when the layer reads it
+        ours, h = dev(y)
+        (ours.sum() + h.sum()).backward()
+    want, h = cpu(x * 2)
+    (want.sum() + h.sum()).backward()
+    _close([ours, *(p.grad for p in dev.parameters())], [want, *(p.grad for p in cpu.parameters())])
