@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     print(f"forward + backward, sequence {args.steps}, batch {args.batch}, input 64, "
           f"hidden 128; ms (median of {args.repeat})")
-    print(f"{"layer":38s}{'cpu':>9s}{'per step':>10s}{'whole':>9s}{'whole/cpu':>11s}"
+    print(f"{'layer':38s}{'cpu':>9s}{'per step':>10s}{'whole':>9s}{'whole/cpu':>11s}"
           f"{'per step/whole':>16s}{'launches':>16s}")
     for name, kw in CONFIGS:
         torch.manual_seed(0)
