@@ -1,9 +1,9 @@
-"""nn.LSTM and nn.GRU training steps: whole-sequence kernels vs per-step cells vs torch CPU.
+"""nn.LSTM, nn.GRU and nn.RNN training steps: whole-sequence kernels vs per-step cells vs torch CPU.
 
     python benchmarks/recurrent.py [--repeat 7] [--steps 50] [--batch 16]
 
 Each row is one forward + backward of a recurrent layer stack (input 64, hidden 128),
-median of `--repeat` runs after two warm-ups, the three sides in one run: the CPU, neuron
+median of `--repeat` runs after three warm-ups, the three sides in one run: the CPU, neuron
 with the per-step decomposition (ops/rnn_layers.WHOLE_SEQUENCE off: a cell and two matmuls
 a step, as before 2026-12-06) and neuron with the whole-sequence kernels
 (Note [Whole-sequence RNN layers]). Also the kernel launches per run on neuron.
@@ -11,17 +11,16 @@ a step, as before 2026-12-06) and neuron with the whole-sequence kernels
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import neuron_eager  # noqa: F401
 from neuron_eager.device_sim import core
+from large_kernels import median_ms  # (benchmarks/ is on the path of a script run here)
 from neuron_eager.ops import rnn_layers
 
 CONFIGS = [("LSTM", dict(num_layers=2)), ("LSTM", dict(num_layers=1, bidirectional=True)),
-           ("GRU", dict(num_layers=2))]
+           ("GRU", dict(num_layers=2)), ("RNN", dict(num_layers=2, nonlinearity="relu"))]
 
 
 def _step(model, x):
@@ -29,17 +28,6 @@ def _step(model, x):
     out.float().pow(2).mean().backward()
     if x.device.type == "neuron":
         torch.neuron.synchronize()
-
-
-def median_ms(fn, repeat: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main(argv=None) -> int:

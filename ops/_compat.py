@@ -324,11 +324,16 @@ def install_tied_parameters_shim() -> None:
             return _plain_apply(self, fn, recurse)
         before = [(m, name, p) for m in self.modules() for name, p in m._parameters.items()
                   if p is not None]
+        lazy = [(table, name, t) for table in (self._parameters, self._buffers)
+                for name, t in table.items() if isinstance(t, _UNINITIALIZED)]  # (children:
+        # their own _apply)
         out = _plain_apply(self, fn, recurse)
+        _keep_uninitialized(lazy)
         kept: dict = {}  # id(old parameter) -> the object every module now uses
         for m, name, p in before:
             now = m._parameters.get(name)
-            if now is None or now is p or BACKEND not in (p.device.type, now.device.type):
+            if now is None or now is p or BACKEND not in (p.device.type, now.device.type) \
+                    or isinstance(p, _UNINITIALIZED):
                 continue  # kept, or another device's conversion: torch's own behaviour
             if id(p) not in kept:
                 kept[id(p)] = _keep_identity(p, now, f"{type(m).__name__}.{name}")
@@ -336,6 +341,42 @@ def install_tied_parameters_shim() -> None:
         return out
 
     torch.nn.Module._apply = _apply
+    _materialize = torch.nn.parameter.UninitializedTensorMixin.materialize
+
+    def materialize(self, shape, device=None, dtype=None):
+        target = self.__dict__.pop("_materialize_on", None)
+        if target is None or device is not None:
+            return _materialize(self, shape, device, dtype)
+        _materialize(self, shape, None, dtype)  # on the host, then moved: the same object
+        with torch.no_grad():
+            moved = self.to(target)
+        if isinstance(self, torch.nn.Parameter):
+            moved = torch.nn.Parameter(moved, self.requires_grad)
+        torch.utils.swap_tensors(self, moved)
+
+    torch.nn.parameter.UninitializedTensorMixin.materialize = materialize
+
+
+# Note [Lazy modules on the device]
+# An UninitializedParameter cannot hold neuron memory (its class is a plain Tensor subclass;
+# a neuron tensor is a wrapper subclass), so `LazyLinear(4).to("neuron")` made its weight an
+# ordinary empty neuron Parameter and the first forward failed. Instead the placeholder
+# stays on the host, remembers the device (and takes the dtype) it was sent to, and
+# `materialize` (the first forward) makes it there, keeping the object modules hold.
+_UNINITIALIZED = (torch.nn.parameter.UninitializedParameter,
+                  torch.nn.parameter.UninitializedBuffer)
+
+
+def _keep_uninitialized(lazy) -> None:
+    for table, name, placeholder in lazy:
+        now = table.get(name)
+        if now is not None and now.device.type == BACKEND:
+            if now.dtype != placeholder.dtype:
+                placeholder.data = torch.empty(0, dtype=now.dtype)
+            placeholder._materialize_on = now.device
+            table[name] = placeholder
+        elif isinstance(now, _UNINITIALIZED):  # sent to the host (or kept there)
+            now.__dict__.pop("_materialize_on", None)
 
 
 def torch_lapack_library():

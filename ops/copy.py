@@ -54,8 +54,19 @@ _FROM_META = ("Cannot copy out of meta tensor; no data! Please use torch.nn.Modu
               "device.")
 
 
+def _plain(src: torch.Tensor) -> torch.Tensor:
+    """A host tensor as a plain Tensor over its memory: a subclass's Python attributes (an
+    UninitializedParameter's `shape` raises, LazyLinear moved before its first forward)
+    have no say in what is copied."""
+    if type(src) is torch.Tensor or type(src) is torch.nn.Parameter:
+        return src
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.as_subclass(src, torch.Tensor)
+
+
 def host_to_device(src: torch.Tensor, dtype: torch.dtype | None = None,
                    memory_format=None) -> NeuronTensor:
+    src = _plain(src)
     if src.device.type == "meta":
         raise NotImplementedError(_FROM_META)
     dtype = dtype or src.dtype
@@ -97,6 +108,7 @@ def copy_(dst, src, non_blocking=False):
             T.check_no_partial_overlap(dst, src)
             E.copy_into(dst, src)
         else:  # host -> device
+            src = _plain(src)
             if src.device.type == "meta":
                 raise NotImplementedError(_FROM_META)
             if src.dtype == dst.dtype:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from torch._decomp import decomposition_table
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import _compat
@@ -459,6 +460,12 @@ def _index_add(x, dim, index, source, alpha):
     return x1, s1, dim, index
 
 
+@register(aten.index_copy_.default)
+def index_copy_(x, dim, index, source):
+    T.check_no_internal_overlap(x)  # (the CPU's check; PyTorch's decomposition has none)
+    return decomposition_table[aten.index_copy_.default](x, dim, index, source)
+
+
 @register(aten.index_add.default)
 def index_add(x, dim, index, source, *, alpha=1):
     x1, s1, dim, index = _index_add(x, dim, index, source, alpha)
@@ -471,6 +478,7 @@ def index_add(x, dim, index, source, *, alpha=1):
 @register(aten.index_add_.default)
 def index_add_(x, dim, index, source, *, alpha=1):
     x1, s1, dim, index = _index_add(x, dim, index, source, alpha)
+    T.check_no_internal_overlap(x)
     if x.dtype in (torch.bfloat16, torch.float16) or s1._storage is x1._storage:
         acc = accumulator(x1)  # fp32 (or a copy safe from aliasing), written back once
         put_reduce(acc, s1, dim, index, s1.shape, s1.stride(), _dim_only(index, s1.dim(), dim),

@@ -239,6 +239,7 @@ def masked_scatter_(x, mask, source):
     if tuple(torch.broadcast_shapes(x.shape, mask.shape)) != tuple(x.shape):
         raise RuntimeError(f"masked_scatter_: expected mask of shape broadcastable to "
                            f"{list(x.shape)}, got {list(mask.shape)}")
+    T.check_no_internal_overlap(x)
     return _masked_scatter_into(x, mask, source)
 
 

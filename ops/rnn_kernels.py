@@ -193,21 +193,6 @@ def lstm_sequence_backward(gates, dh0, dc0, grad_out, grad_hn, grad_cn, cs, ws, 
 
 
 @njit(error_model="numpy", nogil=True)
-def gru_sequence(hs, ws, hn, xg, h0, w_t, ib, hb, bias, reverse):
-    """A GRU layer over T steps, as lstm_sequence (ws: (T, B, 5H) workspaces)."""
-    T, B = xg.shape[0], xg.shape[1]
-    hg = np.empty((B, w_t.shape[1]), np.float32)
-    stage = np.empty_like(hg)
-    h = h0
-    for s in range(T):
-        t = T - 1 - s if reverse else s
-        _product(hg, h, w_t, stage)
-        gru_forward(hs[t], ws[t], xg[t], hg, ib, hb, h, bias)
-        h = hs[t]
-    hn[:] = h
-
-
-@njit(error_model="numpy", nogil=True)
 def gru_sequence_backward(grad_in, grad_hidden, dh0, grad_out, grad_hn, ws, w_hh, reverse):
     """The gradients of gru_sequence's input and hidden gates (T, B, 3H) and of h0."""
     T, B = ws.shape[0], ws.shape[1]
@@ -223,4 +208,64 @@ def gru_sequence_backward(grad_in, grad_hidden, dh0, grad_out, grad_hn, ws, w_hh
         gru_backward(grad_in[t], grad_hidden[t], direct, gh, ws[t])
         _product(passed, grad_hidden[t], w_hh, stage)
         dh[:] = direct + passed
+    dh0[:] = dh
+
+
+@njit(error_model="numpy", nogil=True)
+def _simple_cell(out, x, y, ib, hb, bias, relu):
+    """An Elman cell: out = tanh or relu of the gates, relu as the CPU's (NaN and -0.0 pass)."""
+    B, H = out.shape
+    for b in range(B):
+        h = out[b]
+        _preactivate(h, x[b], y[b], ib, hb, bias)
+        if relu:
+            for j in range(H):
+                h[j] = np.float32(0) if h[j] < np.float32(0) else h[j]
+        else:
+            _tanh_in_place(h)
+
+
+GRU, RNN_TANH, RNN_RELU = 0, 1, 2  # single_state_sequence's cells
+
+
+@njit(error_model="numpy", nogil=True)
+def single_state_sequence(hs, ws, hn, xg, h0, w_t, ib, hb, bias, cell, reverse):
+    """A GRU (ws: (T, B, 5H) workspaces) or Elman layer (nn.RNN: its outputs are its states,
+    ws is empty) over T steps, as lstm_sequence."""
+    T, B = xg.shape[0], xg.shape[1]
+    hg = np.empty((B, w_t.shape[1]), np.float32)
+    stage = np.empty_like(hg)
+    h = h0
+    for s in range(T):
+        t = T - 1 - s if reverse else s
+        _product(hg, h, w_t, stage)
+        if cell == GRU:
+            gru_forward(hs[t], ws[t], xg[t], hg, ib, hb, h, bias)
+        else:
+            _simple_cell(hs[t], xg[t], hg, ib, hb, bias, cell == RNN_RELU)
+        h = hs[t]
+    hn[:] = h
+
+
+@njit(error_model="numpy", nogil=True)
+def rnn_sequence_backward(gates, dh0, grad_out, grad_hn, hs, w_hh, relu, reverse):
+    """The gradients of rnn_sequence's gates (T, B, H): tanh_backward or threshold_backward
+    of each step's state gradient, as autograd's formulas."""
+    T, B, H = hs.shape
+    dh = grad_hn.copy()
+    stage = np.empty((B, H), np.float32)
+    for s in range(T):
+        t = s if reverse else T - 1 - s
+        g, y, go = gates[t], hs[t], grad_out[t]
+        for b in range(B):
+            gb, yb, ob, db = g[b], y[b], go[b], dh[b]
+            for j in range(H):
+                gb[j] = ob[j] + db[j]
+            if relu:
+                for j in range(H):
+                    gb[j] = np.float32(0) if yb[j] <= np.float32(0) else gb[j]
+            else:
+                for j in range(H):
+                    gb[j] = gb[j] * (_ONE - yb[j] * yb[j])
+        _product(dh, g, w_hh, stage)
     dh0[:] = dh

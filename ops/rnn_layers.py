@@ -1,21 +1,24 @@
-"""nn.LSTM and nn.GRU as whole-sequence kernels, with their own backward (cuDNN's role).
+"""nn.LSTM, nn.GRU and nn.RNN as whole-sequence kernels with their own backward (cuDNN's
+role).
 
 Note [Whole-sequence RNN layers]
-`aten::lstm.input` and `aten::gru.input` decompose, on any device but the CPU, into a cell
-per time step: two matmuls, a fused cell (ops/recurrent.py) and the stacking, each a full
-dispatch, forward and backward. A 2-layer LSTM over 50 steps made ~600 small launches, 20x
-the CPU's time. Here each layer and direction is one autograd node:
+`aten::lstm.input`, `gru.input`, `rnn_tanh.input` and `rnn_relu.input` decompose, on any
+device but the CPU, into a cell per time step: two matmuls, a cell (ops/recurrent.py) and
+the stacking, each a full dispatch, forward and backward. A 2-layer LSTM over 50 steps made
+3,118 launches a training step, 30x the CPU's time. Here each layer and direction is one
+autograd node:
 - forward: one matmul for the input gates of every step (a device mm), then one loop over
   the steps (rnn_kernels.*_sequence): the recurrent product, chunked in K as the device's
   matmuls, and the cell, the same fp32 operations as the per-step cell;
 - backward: one loop over the steps in reverse for the gate gradients and the state
   gradients they pass back, then device matmuls for the input, weight and bias gradients
   over all steps at once.
-The per-step path stays for what this does not cover, and gives the same values up to the
-order of fp32 sums (weight gradients summed over all steps in one product): 16-bit
-layers (they round after every op, as the CPU does), projections (proj_size), dropout
-between layers while training (its mask is drawn per layer, in the decomposition's order),
-packed sequences (`*.data` overloads), and graphs that need a second derivative.
+Values are the per-step path's up to the order of fp32 sums (a weight gradient is one
+product over all steps, not a sum of per-step products). The per-step path stays for what
+this does not cover: 16-bit layers and autocast (they round after every op, as the CPU
+does), projections (proj_size), dropout between layers while training (its masks are drawn
+in the decomposition's order), and packed sequences (the `*.data` overloads). The backward
+is once-differentiable: a second derivative through an RNN layer raises.
 """
 from __future__ import annotations
 
@@ -27,7 +30,10 @@ from neuron_eager.ops import tensor as T
 
 aten = torch.ops.aten
 WHOLE_SEQUENCE = True  # off: the per-step decomposition (benchmarks/recurrent.py compares)
-_GATES = {"lstm": 4, "gru": 3}
+_WORKSPACE = {"lstm": 4, "gru": 5, "rnn_tanh": 0, "rnn_relu": 0}  # per step, in units of H
+_CELLS = {"gru": rnn_kernels.GRU, "rnn_tanh": rnn_kernels.RNN_TANH,
+          "rnn_relu": rnn_kernels.RNN_RELU}
+_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
 def _mm(a, b):
@@ -59,8 +65,7 @@ class _Layer(torch.autograd.Function):
             (rnn_kernels.NO_BIAS, rnn_kernels.NO_BIAS)
         hs = T.empty((steps, batch, hidden), torch.float32)
         hn = T.empty((batch, hidden), torch.float32)
-        width = 4 if kind == "lstm" else 5
-        ws = T.empty((steps, batch, width * hidden), torch.float32)
+        ws = T.empty((steps, batch, _WORKSPACE[kind] * hidden), torch.float32)
         h0_ = h0.contiguous()
         xg_ = xg._nd.reshape(steps, batch, -1)
         previous = blas_threads.limit(1)  # (Note [One BLAS thread])
@@ -69,10 +74,10 @@ class _Layer(torch.autograd.Function):
                 cs, cn = T.empty(hs.shape, torch.float32), T.empty(hn.shape, torch.float32)
                 rnn_kernels.lstm_sequence(hs._nd, cs._nd, ws._nd, hn._nd, cn._nd, xg_, h0_._nd,
                                           c0.contiguous()._nd, w_t._nd, ib, hb, bias, reverse)
-            else:
+            else:  # (an Elman layer's states are its activations: an empty workspace)
                 cs = cn = None
-                rnn_kernels.gru_sequence(hs._nd, ws._nd, hn._nd, xg_, h0_._nd, w_t._nd, ib, hb,
-                                         bias, reverse)
+                rnn_kernels.single_state_sequence(hs._nd, ws._nd, hn._nd, xg_, h0_._nd,
+                                                  w_t._nd, ib, hb, bias, _CELLS[kind], reverse)
         finally:
             blas_threads.restore(previous)
         _launch(kind, steps, batch, hidden, xg._nd.nbytes + 2 * hs._nd.nbytes + ws._nd.nbytes)
@@ -107,12 +112,17 @@ class _Layer(torch.autograd.Function):
                     grad_cn.contiguous()._nd, ctx.cs._nd, ctx.ws._nd, c0.contiguous()._nd,
                     w_hh_._nd, ctx.reverse)
                 hidden_gates = gates
-            else:
+            elif ctx.kind == "gru":
                 dc0 = None
                 hidden_gates = T.empty(gates.shape, torch.float32)
                 rnn_kernels.gru_sequence_backward(gates._nd, hidden_gates._nd, dh0._nd,
                                                   grad_out._nd, grad_hn._nd, ctx.ws._nd,
                                                   w_hh_._nd, ctx.reverse)
+            else:
+                dc0, hidden_gates = None, gates
+                rnn_kernels.rnn_sequence_backward(gates._nd, dh0._nd, grad_out._nd,
+                                                  grad_hn._nd, hs._nd, w_hh_._nd,
+                                                  ctx.kind == "rnn_relu", ctx.reverse)
         finally:
             blas_threads.restore(previous)
         _launch(ctx.kind, steps, batch, hidden, 2 * gates._nd.nbytes + ctx.ws._nd.nbytes)
@@ -180,15 +190,24 @@ def lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectiona
     return _run("lstm", input, hx, params, has_biases, num_layers, bidirectional, batch_first)
 
 
-def gru(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    if not _covered(input, [hx], params, has_biases, num_layers, dropout, train,
-                    bidirectional):
-        return aten.gru.input.decompose(input, hx, params, has_biases, num_layers, dropout,
-                                        train, bidirectional, batch_first)
-    return _run("gru", input, [hx], params, has_biases, num_layers, bidirectional, batch_first)
+def _single_state(kind: str):
+    """The kernel of `aten::<kind>.input` (GRU, Elman RNNs: one state tensor)."""
+    op = getattr(aten, kind).input
+
+    def run(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+            batch_first):
+        if not _covered(input, [hx], params, has_biases, num_layers, dropout, train,
+                        bidirectional):
+            return op.decompose(input, hx, params, has_biases, num_layers, dropout, train,
+                                bidirectional, batch_first)
+        return _run(kind, input, [hx], params, has_biases, num_layers, bidirectional,
+                    batch_first)
+
+    return run
 
 
 _library = torch.library.Library("aten", "IMPL")
-for _name, _kernel in (("lstm.input", lstm), ("gru.input", gru)):
+for _name, _kernel in (("lstm.input", lstm), *((f"{kind}.input", _single_state(kind))
+                                                 for kind in ("gru", "rnn_tanh", "rnn_relu"))):
     _compat.keep_dynamo_out(_kernel)  # (called from C++ while a compiled graph runs)
     _library.impl(_name, _kernel, "AutogradPrivateUse1")

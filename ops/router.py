@@ -304,6 +304,9 @@ def _run_out(functional, pointwise, func, args, kwargs):
     names = _out_args(func)
     kwargs = dict(kwargs)
     outs = [kwargs.pop(n) for n in names]
+    if func in _DTYPE_FROM_OUT and kwargs.get("dtype") is None and \
+            isinstance(outs[0], torch.Tensor):
+        kwargs["dtype"] = outs[0].dtype  # computed in out's dtype, inputs cast first, as the CPU
     if pointwise:
         _check_overlap(outs, args, kwargs)
         if len(outs) == 1 and type(outs[0]) is NeuronTensor and \
@@ -316,6 +319,12 @@ def _run_out(functional, pointwise, func, args, kwargs):
             raise device_error(dst.device)
         write_result(dst, res)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# Sums, products and scans with `out=` and no dtype take out's dtype as theirs (sum of floats
+# into a long tensor sums their truncations); other ops cast their result into out.
+_DTYPE_FROM_OUT = {aten.sum.IntList_out, aten.cumsum.out, aten.cumprod.out, aten.prod.int_out,
+                   aten.nansum.out}
 
 
 def _elementwise_into(functional, args, kwargs, dst: NeuronTensor) -> bool:

@@ -104,6 +104,7 @@ def check_generator(generator):
 
 def fill_random(x: NeuronTensor, name: str, a=0.0, b=0.0, p: np.ndarray = _NO_P) -> NeuronTensor:
     """Fill x with samples of distribution `name`, one Philox counter per element."""
+    T.check_no_internal_overlap(x)  # (an expanded x: the CPU refuses, its draws would race)
     n = x.numel()
     if n == 0:
         return x
@@ -450,6 +451,7 @@ def _upper(dtype: torch.dtype) -> int:
 
 
 def _fill_integers(x, start: int, span: int):
+    T.check_no_internal_overlap(x)
     code = numerics.CODE[x.dtype]
     kernel = _randoms.get(code)
     if kernel is None:

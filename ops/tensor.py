@@ -252,6 +252,8 @@ class NeuronTensor(torch.Tensor):
 
     def as_subclass(self, cls):
         # (Note [Subclasses of neuron tensors])
+        if issubclass(cls, torch.nn.parameter.UninitializedTensorMixin):
+            return self  # a lazy module's placeholder sent here (Note [Lazy modules on the device])
         kind = subclass_with_neuron(cls)
         if kind is None:
             return super().as_subclass(cls)

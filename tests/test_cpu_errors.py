@@ -24,6 +24,10 @@ def _t(device, values, **kwargs):
     return torch.tensor(values, device=device, **kwargs)
 
 
+def _expanded(device):
+    return torch.zeros(3, device=device).expand(4, 3)
+
+
 ERRORS = {
     "index_select 2-D index": lambda d: torch.arange(5., device=d).index_select(
         0, _t(d, [[1, 2]])),
@@ -111,6 +115,17 @@ ERRORS = {
     "masked_fill of fp16 with a tensor 1e5": lambda d: torch.zeros(
         2, dtype=torch.half, device=d).masked_fill(_t(d, [True, False]), _t(d, 1e5)),
     "unique of a 0-dim tensor along dim 0": lambda d: torch.unique(_t(d, 5), dim=0),
+    # writes into an expanded tensor (several elements, one memory location): ran before
+    "index_add_ of an expanded tensor": lambda d: _expanded(d).index_add_(
+        1, _t(d, [0, 2]), torch.ones(4, 2, device=d)),
+    "index_copy_ of an expanded tensor": lambda d: _expanded(d).index_copy_(
+        1, _t(d, [0, 2]), torch.ones(4, 2, device=d)),
+    "masked_scatter_ of an expanded tensor": lambda d: _expanded(d).masked_scatter_(
+        torch.ones(4, 3, dtype=torch.bool, device=d), torch.ones(12, device=d)),
+    "uniform_ of an expanded tensor": lambda d: _expanded(d).uniform_(),
+    "normal_ of an expanded tensor": lambda d: _expanded(d).normal_(),
+    "bernoulli_ of an expanded tensor": lambda d: _expanded(d).bernoulli_(0.5),
+    "random_ of an expanded tensor": lambda d: _expanded(d).random_(0, 5),
 }
 
 
@@ -128,7 +143,21 @@ def test_failed_index_add_changes_nothing():
     assert torch.equal(x.cpu(), torch.zeros(3, 2))
 
 
+def _into_long(reduce):
+    """A float reduction written into an int64 `out=`: computed in int64, inputs truncated."""
+    def run(d):
+        out = torch.empty(0, dtype=torch.long, device=d)
+        reduce(_t(d, [[0.6, 0.6, 1.7], [2.5, -0.6, 3.9]]), out)
+        return out
+    return run
+
+
 VALUES = {
+    # out= of another dtype: refused before, where the CPU computes in out's dtype
+    "sum into long": _into_long(lambda x, out: torch.sum(x, 1, out=out)),
+    "cumsum into long": _into_long(lambda x, out: torch.cumsum(x, 1, out=out)),
+    "cumprod into long": _into_long(lambda x, out: torch.cumprod(x, 1, out=out)),
+    "prod into long": _into_long(lambda x, out: torch.prod(x, 1, out=out)),
     "clamp with a NaN bound": lambda d: torch.clamp(_t(d, [1., 2.]), min=float("nan")),
     "maximum of +-0 ties": lambda d: 1 / torch.maximum(_t(d, [0.0, -0.0]), _t(d, [-0.0, 0.0])),
     "minimum of +-0 ties": lambda d: 1 / torch.minimum(_t(d, [0.0, -0.0]), _t(d, [-0.0, 0.0])),

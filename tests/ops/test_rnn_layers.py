@@ -8,9 +8,12 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import rnn_layers
 
 
+_CLASSES = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}
+
+
 def _pair(kind, **kw):
     torch.manual_seed(0)
-    cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
+    cls = _CLASSES[kind]
     cpu, dev = cls(5, 12, **kw), cls(5, 12, **kw)
     dev.load_state_dict(cpu.state_dict())
     return cpu, dev.to(NEURON)
@@ -33,11 +36,13 @@ def _close(ours, cpu):
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn", "rnn_relu"])
 @pytest.mark.parametrize("kw", [dict(num_layers=2), dict(bidirectional=True, batch_first=True),
                                 dict(bias=False), dict(num_layers=2, bidirectional=True,
                                                        dropout=0.5)])
 def test_layers_match_the_cpu_with_every_gradient(kind, kw):
+    if kind == "rnn_relu":
+        kind, kw = "rnn", dict(kw, nonlinearity="relu")
     cpu, dev = _pair(kind, **kw)
     dev.eval(), cpu.eval()  # (dropout between layers: off in eval, on the whole-sequence path)
     layers = kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1)
@@ -55,7 +60,7 @@ def test_layers_match_the_cpu_with_every_gradient(kind, kw):
     assert launches < 40 * layers  # not a cell and two matmuls per step and direction
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
 def test_the_whole_sequence_is_the_per_step_path_up_to_sum_order(kind, monkeypatch):
     cpu, dev = _pair(kind, num_layers=2)
     x = torch.randn(9, 3, 5)
