@@ -126,7 +126,7 @@ def _embedding_bag_impl(weight, indices, offsets, mode=0, per_sample_weights=Non
         raise NotImplementedError("embedding_bag: per_sample_weights was not None. "
                                   "per_sample_weights is only supported for mode='sum'")
     idx, starts, ends = _bags(indices, offsets, include_last_offset)
-    check_bounds(idx, weight.shape[0], 0, False, "select")
+    check_bounds(idx, weight.shape[0], 0, False, "bag")
     nbags = starts.shape[0]
     w = contiguous(weight)
     out = T.empty((nbags, weight.shape[1]), weight.dtype)

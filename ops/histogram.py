@@ -193,6 +193,8 @@ def histc(x, bins=100, min=0, max=0):
     if not x.dtype.is_floating_point and x.dtype != torch.bool:
         return _int_histc(x, bins, min, max)
     _require_float(x, "histogram_cpu")
+    if bins > 0 and float(min) > float(max):  # (before the meta kernel: its words differ)
+        raise RuntimeError("torch.histc: max must be larger than min")
     meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     aten.histc.default(meta, bins, min, max)  # CPU's errors for bad bins
     lo, hi = float(min), float(max)

@@ -126,11 +126,25 @@ def check_bounds(idx: NeuronTensor, n: int, dim: int, negative_ok: bool, style: 
     lo = -n if negative_ok else 0
     if a.min() >= lo and a.max() < n:
         return
-    bad = a.reshape(-1)[np.flatnonzero((a.reshape(-1) < lo) | (a.reshape(-1) >= n))[0]]
-    if style == "select":
-        raise IndexError("index out of range in self")
-    msg = f"index {bad} is out of bounds for dimension {dim} with size {n}"
-    raise IndexError(msg) if style == "index" else RuntimeError(msg)
+    flat = a.reshape(-1)
+    at = np.flatnonzero((flat < lo) | (flat >= n))[0]
+    raise _BOUNDS_ERRORS[style](flat[at], at, n, dim)
+
+
+# check_bounds' styles: the error each CPU kernel raises for an index out of range
+_BOUNDS_ERRORS = {
+    "select": lambda bad, at, n, dim: IndexError("index out of range in self"),
+    "index": lambda bad, at, n, dim: IndexError(
+        f"index {bad} is out of bounds for dimension {dim} with size {n}"),
+    "scatter": lambda bad, at, n, dim: RuntimeError(
+        f"index {bad} is out of bounds for dimension {dim} with size {n}"),
+    "index_copy": lambda bad, at, n, dim: IndexError(
+        f"index_copy_(): index {bad} is out of bounds for dimension {dim} with size {n}"),
+    "take": lambda bad, at, n, dim: IndexError(
+        f"out of range: tried to access index {bad} on a tensor of {n} elements."),
+    "bag": lambda bad, at, n, dim: RuntimeError(
+        f"Index {at} of input takes value {bad} which is not in the valid range [0, {n})"),
+}
 
 
 def _bstrides(t: torch.Tensor, shape) -> list[int]:
@@ -456,14 +470,34 @@ def _index_add(x, dim, index, source, alpha):
     index = as_long(index)
     x1, s1 = _as1d(x), _as1d(source)
     dim = dim % x1.dim()
-    check_bounds(index, x1.shape[dim], dim, False, "scatter")
+    # (the CPU's 1-D kernel raises its own error, its strided one the scatter's)
+    check_bounds(index, x1.shape[dim], dim, False, "select" if x.dim() <= 1 else "scatter")
     return x1, s1, dim, index
 
 
 @register(aten.index_copy_.default)
 def index_copy_(x, dim, index, source):
-    T.check_no_internal_overlap(x)  # (the CPU's check; PyTorch's decomposition has none)
+    T.check_no_internal_overlap(x)  # (the CPU's checks; PyTorch's decomposition has none)
+    _check_index_copy(x, dim, index)
     return decomposition_table[aten.index_copy_.default](x, dim, index, source)
+
+
+@register(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    _check_index_copy(x, dim, index)
+    return decomposition_table[aten.index_copy.default](x, dim, index, source)
+
+
+def _check_index_copy(x, dim, index) -> None:
+    if isinstance(index, NeuronTensor) and index.dtype == torch.int64 and x.dim():
+        check_bounds(index, x.shape[dim], dim, False, "index_copy")
+
+
+@register(aten.take.default)
+def take_elements(x, index):
+    if isinstance(index, NeuronTensor) and index.dtype == torch.int64:
+        check_bounds(index, max(x.numel(), 0), 0, True, "take")
+    return decomposition_table[aten.take.default](x, index)
 
 
 @register(aten.index_add.default)

@@ -174,7 +174,7 @@ def masked_fill_(x, mask, value):
 def masked_select(x, mask):
     if mask.dtype != torch.bool:
         raise RuntimeError("masked_select: expected BoolTensor for mask")
-    shape = tuple(torch.broadcast_shapes(x.shape, mask.shape))
+    shape = E.broadcast_shape([mask.shape, x.shape])  # (the CPU's words: mask is tensor a)
     # an expanded mask repeats each element equally often
     n = count_nonzero(mask) * (T.numel(shape) // max(mask.numel(), 1)) if mask.numel() else 0
     out = T.empty((n,), x.dtype)

@@ -587,6 +587,20 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
 # -- searchsorted, bucketize ------------------------------------------------------------------------
 
 
+def _sorter(sorter, nb: int, size: int) -> np.ndarray:
+    """The sorter's indices, checked as the CPU checks them (an index outside a row would
+    read another row's boundaries, or other memory)."""
+    if sorter is None:
+        return np.empty(0, np.int64)
+    if sorter.dtype != torch.int64:
+        raise RuntimeError(f"torch.searchsorted(): sorter must be a tensor of long dtype but "
+                           f"got dtype {T.dtype_name(sorter.dtype)}")
+    st = sorter.contiguous()._nd.reshape(-1)
+    if size and (st.min() < 0 or st.max() >= nb):
+        raise RuntimeError("torch.searchsorted(): sorter index out of range")
+    return st
+
+
 def _search(op, boundaries, values, out_int32, right, side=None, sorter=None, scalar=False):
     if scalar:
         result = _meta(op, boundaries, values, out_int32=out_int32, right=right, side=side,
@@ -615,7 +629,7 @@ def _search(op, boundaries, values, out_int32, right, side=None, sorter=None, sc
     values = values.to(dtype).contiguous()
     nb = bd.shape[-1] if bd.dim() else 1
     per_row = bd.dim() > 1
-    st = sorter.contiguous()._nd.reshape(-1) if sorter is not None else np.empty(0, np.int64)
+    st = _sorter(sorter, nb, bd.numel())
     inner = values.shape[-1] if values.dim() else 1
     k = _kernel(search_kernel, dtype, op=op)
     k(_nd(bd), nb, st, _nd(values), _nd(out), max(inner, 1), per_row,

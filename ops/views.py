@@ -337,9 +337,23 @@ def _shuffle(x, shape, order, final):
     return channels_last_like(x, result)
 
 
+def _cpu_checks(op, x, *args) -> None:
+    """op's argument errors in the CPU's words: checked on a meta stand-in, and if that
+    raises, once more on a CPU stand-in with no memory (whose kernel raises before any work),
+    where the meta kernel words its checks otherwise."""
+    stand_in = torch.empty((), dtype=x.dtype).expand(x.shape)
+    if any(isinstance(a, int) and a <= 0 for a in args):
+        op(stand_in, *args)  # (the meta kernel lets a factor of 0 through)
+    try:
+        op(meta_like(x), *args)
+    except RuntimeError as meta_error:
+        op(stand_in, *args)
+        raise meta_error
+
+
 @register(aten.pixel_shuffle.default)
 def pixel_shuffle(x, upscale_factor):
-    torch.pixel_shuffle(meta_like(x), upscale_factor)  # CPU-identical argument errors
+    _cpu_checks(torch.pixel_shuffle, x, upscale_factor)
     r, lead = upscale_factor, list(x.shape[:-3])
     c, h, w = x.shape[-3:]
     n = len(lead)
@@ -350,7 +364,7 @@ def pixel_shuffle(x, upscale_factor):
 
 @register(aten.pixel_unshuffle.default)
 def pixel_unshuffle(x, downscale_factor):
-    torch.pixel_unshuffle(meta_like(x), downscale_factor)
+    _cpu_checks(torch.pixel_unshuffle, x, downscale_factor)
     r, lead = downscale_factor, list(x.shape[:-3])
     c, h, w = x.shape[-3:]
     n = len(lead)

@@ -115,6 +115,30 @@ ERRORS = {
     "masked_fill of fp16 with a tensor 1e5": lambda d: torch.zeros(
         2, dtype=torch.half, device=d).masked_fill(_t(d, [True, False]), _t(d, 1e5)),
     "unique of a 0-dim tensor along dim 0": lambda d: torch.unique(_t(d, 5), dim=0),
+    # raised another type or other words (a sweep of 79 programs, 2026-12-06)
+    "index_add index out of range": lambda d: torch.zeros(3, device=d).index_add(
+        0, _t(d, [4]), torch.ones(1, device=d)),
+    "index_copy index out of range": lambda d: torch.zeros(3, device=d).index_copy(
+        0, _t(d, [4]), torch.ones(1, device=d)),
+    "take index out of range": lambda d: torch.zeros(3, device=d).take(_t(d, [7])),
+    "embedding_bag index out of range": lambda d: torch.nn.functional.embedding_bag(
+        _t(d, [1, -1]), torch.zeros(3, 2, device=d), _t(d, [0])),
+    "pixel_unshuffle of an odd height": lambda d: torch.nn.functional.pixel_unshuffle(
+        torch.zeros(1, 1, 3, 3, device=d), 2),
+    "pixel_shuffle of 12 channels by 5": lambda d: torch.nn.functional.pixel_shuffle(
+        torch.zeros(1, 12, 3, 4, device=d), 5),
+    "pixel_unshuffle by 0": lambda d: torch.nn.functional.pixel_unshuffle(
+        torch.zeros(1, 1, 4, 4, device=d), 0),
+    "histc with max below min": lambda d: torch.histc(torch.zeros(3, device=d), 4, 2, 1),
+    "masked_select of a longer mask": lambda d: torch.zeros(3, device=d).masked_select(
+        torch.ones(4, dtype=torch.bool, device=d)),
+    # valid-looking: searched through the sorter as given
+    "searchsorted with an int32 sorter": lambda d: torch.searchsorted(
+        _t(d, [3., 1., 2.]), _t(d, [0., 1.5]), sorter=_t(d, [1, 2, 0], dtype=torch.int32)),
+    "searchsorted with a sorter index out of range": lambda d: torch.searchsorted(
+        _t(d, [3., 1., 2.]), _t(d, [0., 1.5]), sorter=_t(d, [1, 2, 7])),
+    "searchsorted with a negative sorter index": lambda d: torch.searchsorted(
+        _t(d, [3., 1., 2.]), _t(d, [0., 1.5]), sorter=_t(d, [-1, 2, 0])),
     # writes into an expanded tensor (several elements, one memory location): ran before
     "index_add_ of an expanded tensor": lambda d: _expanded(d).index_add_(
         1, _t(d, [0, 2]), torch.ones(4, 2, device=d)),
