@@ -148,13 +148,18 @@ def _covered(input, hx, params, has_biases, num_layers, dropout, train,
     if not WHOLE_SEQUENCE or any(type(t) is not T.NeuronTensor or t.dtype != torch.float32
                                  for t in tensors):
         return False
-    if input.dim() != 3 or (dropout > 0 and train and num_layers > 1) or \
-            torch.is_autocast_enabled("neuron"):  # (autocast runs the cells in 16 bits)
+    if input.dim() != 3 or input.numel() == 0 or (dropout > 0 and train and num_layers > 1) \
+            or torch.is_autocast_enabled("neuron"):  # (autocast runs the cells in 16 bits)
         return False
     per_layer = 4 if has_biases else 2  # (projections add a weight per layer and direction)
     if len(params) != num_layers * (2 if bidirectional else 1) * per_layer:
         return False
     return all(h.shape[-1] == hx[0].shape[-1] for h in hx)  # (h has proj_size's width)
+
+
+def _check_length(input, batch_first) -> None:
+    if input.dim() == 3 and input.shape[1 if batch_first else 0] == 0:
+        raise RuntimeError("Expected sequence length to be larger than 0 in RNN")  # (the CPU's)
 
 
 def _run(kind, input, hx, params, has_biases, num_layers, bidirectional, batch_first):
@@ -184,6 +189,7 @@ def _run(kind, input, hx, params, has_biases, num_layers, bidirectional, batch_f
 
 def lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
          batch_first):
+    _check_length(input, batch_first)
     if not _covered(input, hx, params, has_biases, num_layers, dropout, train, bidirectional):
         return aten.lstm.input.decompose(input, hx, params, has_biases, num_layers, dropout,
                                          train, bidirectional, batch_first)
@@ -196,6 +202,7 @@ def _single_state(kind: str):
 
     def run(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
             batch_first):
+        _check_length(input, batch_first)
         if not _covered(input, [hx], params, has_biases, num_layers, dropout, train,
                         bidirectional):
             return op.decompose(input, hx, params, has_biases, num_layers, dropout, train,

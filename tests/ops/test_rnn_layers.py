@@ -110,3 +110,17 @@ def test_inference_and_adaptive_eager():
     want, h = cpu(x * 2)
     (want.sum() + h.sum()).backward()
     _close([ours, *(p.grad for p in dev.parameters())], [want, *(p.grad for p in cpu.parameters())])
+
+
+def test_unbatched_and_empty_inputs_as_on_the_cpu():
+    cpu, dev = _pair("lstm", num_layers=2)
+    x = torch.randn(6, 5)  # unbatched: nn.LSTM adds the batch dim
+    want, (h, c) = cpu(x)
+    ours, (dh, dc) = dev(x.to(NEURON))
+    _close([ours, dh, dc], [want, h, c])
+    empty_batch = torch.randn(3, 0, 5)
+    want, (h, _) = cpu(empty_batch)
+    ours, (dh, _) = dev(empty_batch.to(NEURON))
+    assert ours.shape == want.shape and dh.shape == h.shape
+    with pytest.raises(RuntimeError, match="Expected sequence length to be larger than 0"):
+        dev(torch.randn(0, 2, 5, device=NEURON))
