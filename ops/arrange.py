@@ -301,6 +301,13 @@ def arange_out(*args, out):
     return _into(out, result)
 
 
+@register(aten.range.out, aten.range.out_)
+def range_out(start, end, step=1, *, out):
+    from neuron_eager.ops.factories import range_inclusive
+
+    return _into(out, range_inclusive(start, end, step, dtype=out.dtype))
+
+
 def _into(out, result):
     from neuron_eager.ops.views import resize_
 

@@ -120,6 +120,17 @@ def _arange(op):
 arange_start_step = _arange(aten.arange.start_step)
 
 
+def range_inclusive(start, end, step=1, *, dtype=None, layout=None, device=None,
+                    pin_memory=None):
+    """torch.range (deprecated, end included): the CPU's values, stepped in double on the
+    host as its kernel steps them, then copied (its fallback had a fixed-size out= to grow)."""
+    meta = _meta(aten.range.step, (start, end, step), dict(dtype=dtype, layout=layout))
+    out = _empty_for(meta)
+    if out.numel():
+        C.copy_(out, aten.range.step(start, end, step, dtype=meta.dtype))
+    return out
+
+
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
     meta = _meta(aten.linspace.default, (start, end, steps), dict(dtype=dtype, layout=layout))
     out = _empty_for(meta)
@@ -242,6 +253,7 @@ for _name, _fn in [
     ("empty.memory_format", empty_memory_format), ("empty_strided", empty_strided),
     ("arange", _arange(aten.arange.default)), ("arange.start", _arange(aten.arange.start)),
     ("arange.start_step", arange_start_step), ("linspace", linspace),
+    ("range", range_inclusive), ("range.step", range_inclusive),
     ("eye", eye), ("eye.m", eye), ("full", full), ("zeros", zeros), ("ones", ones),
     ("scalar_tensor", scalar_tensor), ("_efficientzerotensor", efficient_zero_tensor),
     ("tril_indices", _tri_indices(aten.tril_indices.default, True)),

@@ -167,7 +167,70 @@ def masked_fill(x, mask, value):
 @register(aten.masked_fill_.Scalar, aten.masked_fill_.Tensor)
 def masked_fill_(x, mask, value):
     _check_mask(mask)
-    return E.run(_MASKED_FILL, [x, mask], [_fill_value(value, x.dtype)], out=x)
+    value = _fill_value(value, x.dtype)
+    if _shares_elements(x):
+        _deprecated_on_expanded("masked_fill_")
+        return fill_shared(x, aten.expand.default(mask, list(x.shape)), value)
+    return E.run(_MASKED_FILL, [x, mask], [value], out=x)
+
+
+# Note [Fills of expanded tensors]
+# The CPU lets masked_fill_, index_fill_, tril_ and triu_ write a tensor whose elements share
+# memory (an expanded view: stride 0), deprecated but allowed, since each writes one value:
+# a memory location ends with it if any element over it was written. Those ops compute which
+# elements they write, fold that over the stride-0 dims, and fill the memory once through a
+# view without them (the one-element-per-location view).
+def _shares_elements(x) -> bool:
+    return any(st == 0 and n > 1 for n, st in zip(x.shape, x.stride()))
+
+
+def _deprecated_on_expanded(name: str) -> None:
+    from neuron_eager.ops.sourceline import warn_at_user_line
+
+    warn_at_user_line(f"Use of {name} on expanded tensors is deprecated. Please clone() the "
+                      f"tensor before performing this operation. This also applies to advanced "
+                      f"indexing e.g. tensor[mask] = scalar")
+
+
+def fill_shared(x, written, value):
+    """`value` into every memory location of x under an element where `written` (x's shape,
+    bool) is true (Note [Fills of expanded tensors])."""
+    shared = [d for d, (n, st) in enumerate(zip(x.shape, x.stride())) if st == 0 and n > 1]
+    locations = x.as_strided([1 if d in shared else n for d, n in enumerate(x.shape)],
+                             x.stride(), x.storage_offset())
+    E.run(_MASKED_FILL, [locations, aten.any.dims(written, shared, True)], [value],
+          out=locations)
+    return x
+
+
+@register(aten.index_fill_.int_Scalar, aten.index_fill_.int_Tensor)
+def index_fill_(x, dim, index, value):
+    result = I.index_fill(x, dim, index, value)  # (its checks and errors)
+    if not _shares_elements(x):
+        return E.copy_into(x, result)
+    _deprecated_on_expanded("index_fill_")
+    none = aten.zeros_like.default(x, dtype=torch.bool, memory_format=torch.contiguous_format)
+    value = value.item() if isinstance(value, torch.Tensor) else value
+    return fill_shared(x, I.index_fill(none, dim, index, True), value)
+
+
+@register(aten.tril_.default)
+def tril_(x, diagonal=0):
+    return _triangle_(x, diagonal, True, aten.tril.default)
+
+
+@register(aten.triu_.default)
+def triu_(x, diagonal=0):
+    return _triangle_(x, diagonal, False, aten.triu.default)
+
+
+def _triangle_(x, diagonal, lower, op):
+    result = _triangle_op(x, diagonal, lower, op)
+    if not _shares_elements(x):
+        return E.copy_into(x, result)
+    ones = aten.ones_like.default(x, dtype=torch.bool, memory_format=torch.contiguous_format)
+    kept = _triangle_op(ones, diagonal, lower, op)  # the elements the triangle keeps
+    return fill_shared(x, aten.logical_not.default(kept), 0)
 
 
 @register(aten.masked_select.default)

@@ -50,6 +50,12 @@ def test_factories():
         assert torch.equal(torch.linspace(*args, device=dev).cpu(), torch.linspace(*args))
     assert torch.equal(torch.eye(3, 4, device=dev).cpu(), torch.eye(3, 4))
     neuron_eager.clear_op_tracking()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (torch.range is deprecated)
+        for args in [(0, 4), (0, 3, 0.1), (5, 1, -2)]:  # (its CPU fallback failed to grow out=)
+            assert torch.equal(torch.range(*args, device=dev).cpu(), torch.range(*args))
+        out = torch.empty(0, dtype=torch.long, device=dev)
+        assert torch.equal(torch.range(1, 3, out=out).cpu(), torch.tensor([1, 2, 3]))
     for shape in [(3, 3), (2, 5), (5, 2)]:  # eye.m_out, on the device (no CPU fallback)
         w = torch.nn.init.eye_(torch.empty(shape, device=dev))
         assert torch.equal(w.cpu(), torch.eye(*shape))
