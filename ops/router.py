@@ -405,7 +405,16 @@ def cpu_fallback(func, args, kwargs):
     if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == T.DEVICE.type:
         cpu_kwargs["device"] = torch.device("cpu")
     with torch._C._DisableTorchDispatch():
-        out = func(*cpu_args, **cpu_kwargs)
+        try:
+            out = func(*cpu_args, **cpu_kwargs)
+        except RuntimeError as e:
+            if "not resizable" not in str(e):
+                raise
+            # an out= alias of device memory cannot grow on the CPU: say what happened
+            raise RuntimeError(f"Operator '{name}' has no neuron kernel and ran on the CPU, "
+                               f"where its out= tensor, which aliases neuron memory, cannot be "
+                               f"resized: pass an out= tensor of the result's shape, or call "
+                               f"the op without out=") from e
     # (after the run: a call the CPU refuses too raises its error, and nothing fell back)
     _refuse_complex(name, out)
     if name not in _warned:

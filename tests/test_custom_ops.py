@@ -77,6 +77,28 @@ def test_a_fallback_the_cpu_refuses_raises_its_error_and_counts_nothing():
     assert neuron_eager.get_fallback_ops() == {}
 
 
+_LIB = torch.library.Library("neuron_eager_tests", "FRAGMENT")
+_LIB.define("doubled.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")
+
+
+def _doubled_out(x, *, out):
+    out.resize_(2 * x.numel())
+    return out.copy_(torch.cat([x.reshape(-1), x.reshape(-1)]))
+
+
+_LIB.impl("doubled.out", _doubled_out, "CPU")
+
+
+def test_a_fallback_that_must_resize_its_out_tensor_says_so():
+    x = torch.arange(3.0, device=NEURON)
+    with pytest.raises(RuntimeError, match="out= tensor, which aliases neuron memory, cannot be "
+                                           "resized"):
+        torch.ops.neuron_eager_tests.doubled.out(x, out=torch.empty(0, device=NEURON))
+    out = torch.empty(6, device=NEURON)  # the result's shape: no resize, it runs
+    torch.ops.neuron_eager_tests.doubled.out(x, out=out)
+    assert torch.equal(out.cpu(), torch.tensor([0.0, 1, 2, 0, 1, 2]))
+
+
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_chunked_linear_cross_entropy_runs_natively(reduction, seed):
     # torch 2.13's chunked path is a torch_nn:: custom op
