@@ -139,6 +139,11 @@ def gru_backward(grad_in, grad_hidden, grad_hx, grad_hy, ws):
 
 
 # -- whole sequences (Note [Whole-sequence RNN layers] in ops/rnn_layers.py) -------------------
+# Steps are rows of flat arrays, as in a PackedSequence: step t is rows off[t]:off[t] + b[t]
+# (b: the batch sizes, never growing; a plain (T, B) sequence has B at every step). A row
+# of the running state keeps its value while its sequence is over, so the state after the
+# loop holds each sequence's last one, and a reverse loop finds a joining sequence's initial
+# state where it was. hp (and cp) record each row's previous state, for the backward.
 @njit(error_model="numpy", nogil=True)
 def _product(out, a, w, stage):
     """out (B, N) = a (B, K) @ w (K, N), K in chunks of TILE_K whose fp32 sums are added in
@@ -152,63 +157,60 @@ def _product(out, a, w, stage):
 
 
 @njit(error_model="numpy", nogil=True)
-def lstm_sequence(hs, cs, ws, hn, cn, xg, h0, c0, w_t, ib, hb, bias, reverse):
-    """An LSTM layer over T steps: xg (T, B, 4H) input gates, w_t (H, 4H) the recurrent
-    weight transposed -> outputs hs and cell states cs (T, B, H), activated gates ws, the
-    last states hn, cn. `reverse`: from step T-1 down (a bidirectional layer's second half)."""
-    T, B = xg.shape[0], xg.shape[1]
-    hg = np.empty((B, w_t.shape[1]), np.float32)
+def _offsets(sizes):
+    off = np.zeros(sizes.shape[0], np.int64)
+    for t in range(1, sizes.shape[0]):
+        off[t] = off[t - 1] + sizes[t - 1]
+    return off
+
+
+@njit(error_model="numpy", nogil=True)
+def lstm_sequence(hs, cs, ws, hp, cp, hn, cn, xg, h0, c0, w_t, ib, hb, bias, sizes, reverse):
+    """An LSTM layer: xg (N, 4H) input gates, w_t (H, 4H) the recurrent weight transposed ->
+    outputs hs and cell states cs (N, H), activated gates ws (N, 4H), the last states hn, cn
+    (B, H). `reverse`: from the last step down (a bidirectional layer's second half)."""
+    off = _offsets(sizes)
+    h, c = h0.copy(), c0.copy()
+    hg = np.empty((h.shape[0], w_t.shape[1]), np.float32)
     stage = np.empty_like(hg)
-    h, c = h0, c0
+    T = sizes.shape[0]
     for s in range(T):
         t = T - 1 - s if reverse else s
-        _product(hg, h, w_t, stage)
-        lstm_forward(hs[t], cs[t], ws[t], xg[t], hg, ib, hb, c, bias)
-        h, c = hs[t], cs[t]
+        b, o = sizes[t], off[t]
+        hp[o:o + b] = h[:b]
+        cp[o:o + b] = c[:b]
+        _product(hg[:b], h[:b], w_t, stage[:b])
+        lstm_forward(hs[o:o + b], cs[o:o + b], ws[o:o + b], xg[o:o + b], hg[:b], ib, hb,
+                     cp[o:o + b], bias)
+        h[:b] = hs[o:o + b]
+        c[:b] = cs[o:o + b]
     hn[:] = h
     cn[:] = c
 
 
 @njit(error_model="numpy", nogil=True)
-def lstm_sequence_backward(gates, dh0, dc0, grad_out, grad_hn, grad_cn, cs, ws, c0, w_hh,
-                           reverse):
-    """The gradients of lstm_sequence's gates (T, B, 4H) and of its first states, the steps
+def lstm_sequence_backward(gates, dh0, dc0, grad_out, grad_hn, grad_cn, cs, cp, ws, w_hh,
+                           sizes, reverse):
+    """The gradients of lstm_sequence's gates (N, 4H) and of its first states, the steps
     taken in the reverse order: a step's hidden-state gradient is its output's plus what the
     next step's recurrent product passes back (gates @ w_hh)."""
-    T, B, H = cs.shape
-    dh = grad_hn.copy()
-    dc = grad_cn.copy()
+    off = _offsets(sizes)
+    dh, dc = grad_hn.copy(), grad_cn.copy()
+    B, H = dh.shape
     gh = np.empty((B, H), np.float32)
+    gcx = np.empty((B, H), np.float32)
     stage = np.empty((B, H), np.float32)
+    T = sizes.shape[0]
     for s in range(T):
         t = s if reverse else T - 1 - s
-        first = s == T - 1
-        prev = t + 1 if reverse else t - 1
-        gh[:] = grad_out[t] + dh
-        cx = c0 if first else cs[prev]
-        lstm_backward(gates[t], dc0, gh, dc, cx, cs[t], ws[t], True, True)
-        dc[:] = dc0
-        _product(dh, gates[t], w_hh, stage)
+        b, o = sizes[t], off[t]
+        gh[:b] = grad_out[o:o + b] + dh[:b]
+        lstm_backward(gates[o:o + b], gcx[:b], gh[:b], dc[:b], cp[o:o + b], cs[o:o + b],
+                      ws[o:o + b], True, True)
+        dc[:b] = gcx[:b]
+        _product(dh[:b], gates[o:o + b], w_hh, stage[:b])
     dh0[:] = dh
-
-
-@njit(error_model="numpy", nogil=True)
-def gru_sequence_backward(grad_in, grad_hidden, dh0, grad_out, grad_hn, ws, w_hh, reverse):
-    """The gradients of gru_sequence's input and hidden gates (T, B, 3H) and of h0."""
-    T, B = ws.shape[0], ws.shape[1]
-    H = grad_hn.shape[1]
-    dh = grad_hn.copy()
-    gh = np.empty((B, H), np.float32)
-    direct = np.empty((B, H), np.float32)
-    passed = np.empty((B, H), np.float32)
-    stage = np.empty((B, H), np.float32)
-    for s in range(T):
-        t = s if reverse else T - 1 - s
-        gh[:] = grad_out[t] + dh
-        gru_backward(grad_in[t], grad_hidden[t], direct, gh, ws[t])
-        _product(passed, grad_hidden[t], w_hh, stage)
-        dh[:] = direct + passed
-    dh0[:] = dh
+    dc0[:] = dc
 
 
 @njit(error_model="numpy", nogil=True)
@@ -229,36 +231,64 @@ GRU, RNN_TANH, RNN_RELU = 0, 1, 2  # single_state_sequence's cells
 
 
 @njit(error_model="numpy", nogil=True)
-def single_state_sequence(hs, ws, hn, xg, h0, w_t, ib, hb, bias, cell, reverse):
-    """A GRU (ws: (T, B, 5H) workspaces) or Elman layer (nn.RNN: its outputs are its states,
-    ws is empty) over T steps, as lstm_sequence."""
-    T, B = xg.shape[0], xg.shape[1]
-    hg = np.empty((B, w_t.shape[1]), np.float32)
+def single_state_sequence(hs, ws, hp, hn, xg, h0, w_t, ib, hb, bias, cell, sizes, reverse):
+    """A GRU (ws: (N, 5H) workspaces) or Elman layer (nn.RNN: its outputs are its states,
+    ws is empty) over its steps, as lstm_sequence."""
+    off = _offsets(sizes)
+    h = h0.copy()
+    hg = np.empty((h.shape[0], w_t.shape[1]), np.float32)
     stage = np.empty_like(hg)
-    h = h0
+    T = sizes.shape[0]
     for s in range(T):
         t = T - 1 - s if reverse else s
-        _product(hg, h, w_t, stage)
+        b, o = sizes[t], off[t]
+        hp[o:o + b] = h[:b]
+        _product(hg[:b], h[:b], w_t, stage[:b])
         if cell == GRU:
-            gru_forward(hs[t], ws[t], xg[t], hg, ib, hb, h, bias)
+            gru_forward(hs[o:o + b], ws[o:o + b], xg[o:o + b], hg[:b], ib, hb, hp[o:o + b],
+                        bias)
         else:
-            _simple_cell(hs[t], xg[t], hg, ib, hb, bias, cell == RNN_RELU)
-        h = hs[t]
+            _simple_cell(hs[o:o + b], xg[o:o + b], hg[:b], ib, hb, bias, cell == RNN_RELU)
+        h[:b] = hs[o:o + b]
     hn[:] = h
 
 
 @njit(error_model="numpy", nogil=True)
-def rnn_sequence_backward(gates, dh0, grad_out, grad_hn, hs, w_hh, relu, reverse):
-    """The gradients of rnn_sequence's gates (T, B, H): tanh_backward or threshold_backward
-    of each step's state gradient, as autograd's formulas."""
-    T, B, H = hs.shape
+def gru_sequence_backward(grad_in, grad_hidden, dh0, grad_out, grad_hn, ws, w_hh, sizes,
+                          reverse):
+    """The gradients of a GRU layer's input and hidden gates (N, 3H) and of h0."""
+    off = _offsets(sizes)
     dh = grad_hn.copy()
+    B, H = dh.shape
+    gh = np.empty((B, H), np.float32)
+    direct = np.empty((B, H), np.float32)
+    passed = np.empty((B, H), np.float32)
     stage = np.empty((B, H), np.float32)
+    T = sizes.shape[0]
     for s in range(T):
         t = s if reverse else T - 1 - s
-        g, y, go = gates[t], hs[t], grad_out[t]
-        for b in range(B):
-            gb, yb, ob, db = g[b], y[b], go[b], dh[b]
+        b, o = sizes[t], off[t]
+        gh[:b] = grad_out[o:o + b] + dh[:b]
+        gru_backward(grad_in[o:o + b], grad_hidden[o:o + b], direct[:b], gh[:b], ws[o:o + b])
+        _product(passed[:b], grad_hidden[o:o + b], w_hh, stage[:b])
+        dh[:b] = direct[:b] + passed[:b]
+    dh0[:] = dh
+
+
+@njit(error_model="numpy", nogil=True)
+def rnn_sequence_backward(gates, dh0, grad_out, grad_hn, hs, w_hh, relu, sizes, reverse):
+    """The gradients of an Elman layer's gates (N, H): tanh_backward or threshold_backward of
+    each step's state gradient, as autograd's formulas."""
+    off = _offsets(sizes)
+    dh = grad_hn.copy()
+    B, H = dh.shape
+    stage = np.empty((B, H), np.float32)
+    T = sizes.shape[0]
+    for s in range(T):
+        t = s if reverse else T - 1 - s
+        b, o = sizes[t], off[t]
+        for r in range(b):
+            gb, yb, ob, db = gates[o + r], hs[o + r], grad_out[o + r], dh[r]
             for j in range(H):
                 gb[j] = ob[j] + db[j]
             if relu:
@@ -267,5 +297,5 @@ def rnn_sequence_backward(gates, dh0, grad_out, grad_hn, hs, w_hh, relu, reverse
             else:
                 for j in range(H):
                     gb[j] = gb[j] * (_ONE - yb[j] * yb[j])
-        _product(dh, g, w_hh, stage)
+        _product(dh[:b], gates[o:o + b], w_hh, stage[:b])
     dh0[:] = dh

@@ -2,11 +2,12 @@
 role).
 
 Note [Whole-sequence RNN layers]
-`aten::lstm.input`, `gru.input`, `rnn_tanh.input` and `rnn_relu.input` decompose, on any
-device but the CPU, into a cell per time step: two matmuls, a cell (ops/recurrent.py) and
-the stacking, each a full dispatch, forward and backward. A 2-layer LSTM over 50 steps made
-3,118 launches a training step, 30x the CPU's time. Here each layer and direction is one
-autograd node:
+`aten::lstm`, `gru`, `rnn_tanh` and `rnn_relu` (`.input`: a padded sequence; `.data`: a
+PackedSequence's rows and batch sizes) decompose, on any device but the CPU, into a cell per
+time step: two matmuls, a cell (ops/recurrent.py) and the stacking, each a full dispatch,
+forward and backward. A 2-layer LSTM over 50 steps made 3,118 launches a training step, 30x
+the CPU's time. Here each layer and direction is one autograd node over the steps laid out
+as rows (a padded sequence is a packed one whose batch never shrinks):
 - forward: one matmul for the input gates of every step (a device mm), then one loop over
   the steps (rnn_kernels.*_sequence): the recurrent product, chunked in K as the device's
   matmuls, and the cell, the same fp32 operations as the per-step cell;
@@ -16,12 +17,13 @@ autograd node:
 Values are the per-step path's up to the order of fp32 sums (a weight gradient is one
 product over all steps, not a sum of per-step products). The per-step path stays for what
 this does not cover: 16-bit layers and autocast (they round after every op, as the CPU
-does), projections (proj_size), dropout between layers while training (its masks are drawn
-in the decomposition's order), and packed sequences (the `*.data` overloads). The backward
-is once-differentiable: a second derivative through an RNN layer raises.
+does), projections (proj_size), and dropout between layers while training (its masks are
+drawn in the decomposition's order). The backward is once-differentiable: a second
+derivative through an RNN layer raises.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from neuron_eager.device_sim import core
@@ -40,52 +42,50 @@ def _mm(a, b):
     return aten.mm.default(a, b)
 
 
-def _flat(x):
-    return aten.reshape.default(x, [-1, x.shape[-1]])
-
-
-def _launch(kind: str, steps: int, batch: int, hidden: int, nbytes: int) -> None:
+def _launch(kind: str, rows: int, hidden: int, nbytes: int) -> None:
     """The step loop as one Tensor-engine launch: its recurrent products, cells included."""
     gates = _GATES[kind] * hidden
-    core.launch("tensor", steps * batch * hidden * gates, nbytes,
-                matmul=(steps, batch, hidden, gates), dtype="fp32")
+    core.launch("tensor", rows * hidden * gates, nbytes, matmul=(1, rows, hidden, gates),
+                dtype="fp32")
 
 
 class _Layer(torch.autograd.Function):
-    """One layer in one direction: x (T, B, I) -> (outputs (T, B, H), h_n[, c_n])."""
+    """One layer in one direction over steps laid out as rows (rnn_kernels' layout): x (N, I)
+    and the batch sizes per step -> (outputs (N, H), h_n[, c_n])."""
 
     @staticmethod
-    def forward(ctx, kind, reverse, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
-        steps, batch = x.shape[0], x.shape[1]
-        hidden = w_hh.shape[1]
-        xg = _mm(_flat(x), aten.t.default(w_ih))  # every step's input gates, one launch
+    def forward(ctx, kind, reverse, sizes, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+        rows, (batch, hidden) = x.shape[0], h0.shape
+        xg = _mm(x, aten.t.default(w_ih))  # every step's input gates, one launch
         w_t = aten.t.default(w_hh).contiguous()
         bias = b_ih is not None
         ib, hb = (b_ih.contiguous()._nd, b_hh.contiguous()._nd) if bias else \
             (rnn_kernels.NO_BIAS, rnn_kernels.NO_BIAS)
-        hs = T.empty((steps, batch, hidden), torch.float32)
+        hs, hp = T.empty((rows, hidden), torch.float32), T.empty((rows, hidden), torch.float32)
         hn = T.empty((batch, hidden), torch.float32)
-        ws = T.empty((steps, batch, _WORKSPACE[kind] * hidden), torch.float32)
+        ws = T.empty((rows, _WORKSPACE[kind] * hidden), torch.float32)
         h0_ = h0.contiguous()
-        xg_ = xg._nd.reshape(steps, batch, -1)
         previous = blas_threads.limit(1)  # (Note [One BLAS thread])
         try:
             if kind == "lstm":
-                cs, cn = T.empty(hs.shape, torch.float32), T.empty(hn.shape, torch.float32)
-                rnn_kernels.lstm_sequence(hs._nd, cs._nd, ws._nd, hn._nd, cn._nd, xg_, h0_._nd,
-                                          c0.contiguous()._nd, w_t._nd, ib, hb, bias, reverse)
+                cs, cp = T.empty(hs.shape, torch.float32), T.empty(hs.shape, torch.float32)
+                cn = T.empty(hn.shape, torch.float32)
+                rnn_kernels.lstm_sequence(hs._nd, cs._nd, ws._nd, hp._nd, cp._nd, hn._nd,
+                                          cn._nd, xg._nd, h0_._nd, c0.contiguous()._nd,
+                                          w_t._nd, ib, hb, bias, sizes, reverse)
             else:  # (an Elman layer's states are its activations: an empty workspace)
-                cs = cn = None
-                rnn_kernels.single_state_sequence(hs._nd, ws._nd, hn._nd, xg_, h0_._nd,
-                                                  w_t._nd, ib, hb, bias, _CELLS[kind], reverse)
+                cs = cp = cn = None
+                rnn_kernels.single_state_sequence(hs._nd, ws._nd, hp._nd, hn._nd, xg._nd,
+                                                  h0_._nd, w_t._nd, ib, hb, bias,
+                                                  _CELLS[kind], sizes, reverse)
         finally:
             blas_threads.restore(previous)
-        _launch(kind, steps, batch, hidden, xg._nd.nbytes + 2 * hs._nd.nbytes + ws._nd.nbytes)
-        ctx.kind, ctx.reverse, ctx.bias = kind, reverse, bias
-        ctx.ws, ctx.cs = ws, cs
+        _launch(kind, rows, hidden, xg._nd.nbytes + 3 * hs._nd.nbytes + ws._nd.nbytes)
+        ctx.kind, ctx.reverse, ctx.bias, ctx.sizes = kind, reverse, bias, sizes
+        ctx.ws, ctx.cs, ctx.cp, ctx.hp = ws, cs, cp, hp
         # (the output is saved, as the CPU's oneDNN layer saves it: updating it in place
         # makes backward raise there and here)
-        ctx.save_for_backward(x, h0_, c0, w_ih, w_hh, hs)
+        ctx.save_for_backward(x, w_ih, w_hh, hs)
         return (hs, hn, cn) if kind == "lstm" else (hs, hn)
 
     @staticmethod
@@ -96,49 +96,42 @@ class _Layer(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_out, grad_hn, grad_cn):
-        x, h0, c0, w_ih, w_hh, hs = ctx.saved_tensors
-        steps, batch, hidden = hs.shape
-        n_gates = _GATES[ctx.kind] * hidden
+        x, w_ih, w_hh, hs = ctx.saved_tensors
+        (rows, hidden), batch = hs.shape, grad_hn.shape[0]
         grad_out, grad_hn = grad_out.contiguous(), grad_hn.contiguous()
         dh0 = T.empty((batch, hidden), torch.float32)
-        gates = T.empty((steps, batch, n_gates), torch.float32)  # wrt the input gates
-        w_hh_ = w_hh.contiguous()
+        gates = T.empty((rows, _GATES[ctx.kind] * hidden), torch.float32)  # wrt input gates
+        w_hh_, sizes, reverse = w_hh.contiguous(), ctx.sizes, ctx.reverse
         previous = blas_threads.limit(1)
         try:
             if ctx.kind == "lstm":
                 dc0 = T.empty((batch, hidden), torch.float32)
                 rnn_kernels.lstm_sequence_backward(
                     gates._nd, dh0._nd, dc0._nd, grad_out._nd, grad_hn._nd,
-                    grad_cn.contiguous()._nd, ctx.cs._nd, ctx.ws._nd, c0.contiguous()._nd,
-                    w_hh_._nd, ctx.reverse)
+                    grad_cn.contiguous()._nd, ctx.cs._nd, ctx.cp._nd, ctx.ws._nd, w_hh_._nd,
+                    sizes, reverse)
                 hidden_gates = gates
             elif ctx.kind == "gru":
                 dc0 = None
                 hidden_gates = T.empty(gates.shape, torch.float32)
                 rnn_kernels.gru_sequence_backward(gates._nd, hidden_gates._nd, dh0._nd,
                                                   grad_out._nd, grad_hn._nd, ctx.ws._nd,
-                                                  w_hh_._nd, ctx.reverse)
+                                                  w_hh_._nd, sizes, reverse)
             else:
                 dc0, hidden_gates = None, gates
                 rnn_kernels.rnn_sequence_backward(gates._nd, dh0._nd, grad_out._nd,
                                                   grad_hn._nd, hs._nd, w_hh_._nd,
-                                                  ctx.kind == "rnn_relu", ctx.reverse)
+                                                  ctx.kind == "rnn_relu", sizes, reverse)
         finally:
             blas_threads.restore(previous)
-        _launch(ctx.kind, steps, batch, hidden, 2 * gates._nd.nbytes + ctx.ws._nd.nbytes)
-        # each step's previous hidden state, in the forward's order
-        first = aten.unsqueeze.default(h0, 0)
-        if ctx.reverse:
-            previous_h = aten.cat.default([aten.slice.Tensor(hs, 0, 1), first])
-        else:
-            previous_h = aten.cat.default([first, aten.slice.Tensor(hs, 0, 0, steps - 1)])
-        g_in, g_hid = _flat(gates), _flat(hidden_gates)
-        grad_x = aten.reshape.default(_mm(g_in, w_ih), list(x.shape))
-        grad_w_ih = _mm(aten.t.default(g_in), _flat(x))
-        grad_w_hh = _mm(aten.t.default(g_hid), _flat(previous_h))
-        grad_b_ih = aten.sum.dim_IntList(g_in, [0]) if ctx.bias else None
-        grad_b_hh = aten.sum.dim_IntList(g_hid, [0]) if ctx.bias else None
-        return (None, None, grad_x, dh0, dc0, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh)
+        _launch(ctx.kind, rows, hidden, 2 * gates._nd.nbytes + ctx.ws._nd.nbytes)
+        grad_x = _mm(gates, w_ih)
+        grad_w_ih = _mm(aten.t.default(gates), x)
+        grad_w_hh = _mm(aten.t.default(hidden_gates), ctx.hp)  # (each row's previous state)
+        grad_b_ih = aten.sum.dim_IntList(gates, [0]) if ctx.bias else None
+        grad_b_hh = aten.sum.dim_IntList(hidden_gates, [0]) if ctx.bias else None
+        return (None, None, None, grad_x, dh0, dc0, grad_w_ih, grad_w_hh, grad_b_ih,
+                grad_b_hh)
 
 
 def _covered(input, hx, params, has_biases, num_layers, dropout, train,
@@ -148,8 +141,8 @@ def _covered(input, hx, params, has_biases, num_layers, dropout, train,
     if not WHOLE_SEQUENCE or any(type(t) is not T.NeuronTensor or t.dtype != torch.float32
                                  for t in tensors):
         return False
-    if input.dim() != 3 or input.numel() == 0 or (dropout > 0 and train and num_layers > 1) \
-            or torch.is_autocast_enabled("neuron"):  # (autocast runs the cells in 16 bits)
+    if input.numel() == 0 or (dropout > 0 and train and num_layers > 1) or \
+            torch.is_autocast_enabled("neuron"):  # (autocast runs the cells in 16 bits)
         return False
     per_layer = 4 if has_biases else 2  # (projections add a weight per layer and direction)
     if len(params) != num_layers * (2 if bidirectional else 1) * per_layer:
@@ -162,11 +155,11 @@ def _check_length(input, batch_first) -> None:
         raise RuntimeError("Expected sequence length to be larger than 0 in RNN")  # (the CPU's)
 
 
-def _run(kind, input, hx, params, has_biases, num_layers, bidirectional, batch_first):
-    """The layers in turn, each direction one _Layer; results laid out as the CPU's."""
+def _layers(kind, x, sizes, hx, params, has_biases, num_layers, bidirectional):
+    """The layers in turn over rows x (N, I) with `sizes` rows a step, each direction one
+    _Layer: (outputs (N, directions * H), h_n stacked[, c_n stacked])."""
     per_layer = 4 if has_biases else 2
     directions = 2 if bidirectional else 1
-    x = aten.transpose.int(input, 0, 1) if batch_first else input
     last_h, last_c = [], []
     for layer in range(num_layers):
         outputs = []
@@ -174,47 +167,67 @@ def _run(kind, input, hx, params, has_biases, num_layers, bidirectional, batch_f
             k = layer * directions + d
             w = params[k * per_layer:(k + 1) * per_layer]
             b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
-            h0 = hx[0][k]
             c0 = hx[1][k] if kind == "lstm" else None
-            result = _Layer.apply(kind, d == 1, x, h0, c0, w[0], w[1], b_ih, b_hh)
+            result = _Layer.apply(kind, d == 1, sizes, x, hx[0][k], c0, w[0], w[1], b_ih, b_hh)
             outputs.append(result[0])
             last_h.append(result[1])
             if kind == "lstm":
                 last_c.append(result[2])
-        x = outputs[0] if directions == 1 else aten.cat.default(outputs, 2)
-    output = aten.transpose.int(x, 0, 1) if batch_first else x
-    hy = aten.stack.default(last_h)
-    return (output, hy, aten.stack.default(last_c)) if kind == "lstm" else (output, hy)
+        x = outputs[0] if directions == 1 else aten.cat.default(outputs, 1)
+    states = [aten.stack.default(last_h)]
+    return x, *states, *([aten.stack.default(last_c)] if kind == "lstm" else [])
 
 
-def lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
-         batch_first):
+def _sequence(kind, input, hx, params, has_biases, num_layers, dropout, train,
+              bidirectional, batch_first):
+    """`aten::<kind>.input`: a (T, B, I) sequence (B, T, I with batch_first)."""
     _check_length(input, batch_first)
-    if not _covered(input, hx, params, has_biases, num_layers, dropout, train, bidirectional):
-        return aten.lstm.input.decompose(input, hx, params, has_biases, num_layers, dropout,
-                                         train, bidirectional, batch_first)
-    return _run("lstm", input, hx, params, has_biases, num_layers, bidirectional, batch_first)
+    if input.dim() != 3 or not _covered(input, hx, params, has_biases, num_layers, dropout,
+                                        train, bidirectional):
+        op = getattr(aten, kind).input
+        return op.decompose(input, hx if kind == "lstm" else hx[0], params, has_biases,
+                            num_layers, dropout, train, bidirectional, batch_first)
+    x = aten.transpose.int(input, 0, 1) if batch_first else input
+    steps, batch = x.shape[0], x.shape[1]
+    sizes = np.full(steps, batch, np.int64)
+    out, *states = _layers(kind, aten.reshape.default(x, [steps * batch, x.shape[2]]), sizes,
+                           hx, params, has_biases, num_layers, bidirectional)
+    out = aten.view.default(out, [steps, batch, out.shape[1]])
+    return (aten.transpose.int(out, 0, 1) if batch_first else out), *states
 
 
-def _single_state(kind: str):
-    """The kernel of `aten::<kind>.input` (GRU, Elman RNNs: one state tensor)."""
-    op = getattr(aten, kind).input
+def _packed(kind, data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
+            bidirectional):
+    """`aten::<kind>.data`: a PackedSequence's rows and its (CPU) batch sizes."""
+    if data.dim() != 2 or not isinstance(batch_sizes, torch.Tensor) or \
+            batch_sizes.device.type != "cpu" or not _covered(
+                data, hx, params, has_biases, num_layers, dropout, train, bidirectional):
+        op = getattr(aten, kind).data
+        return op.decompose(data, batch_sizes, hx if kind == "lstm" else hx[0], params,
+                            has_biases, num_layers, dropout, train, bidirectional)
+    sizes = batch_sizes.to(torch.int64).contiguous().numpy().copy()
+    return tuple(_layers(kind, data, sizes, hx, params, has_biases, num_layers,
+                         bidirectional))
 
-    def run(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
-            batch_first):
-        _check_length(input, batch_first)
-        if not _covered(input, [hx], params, has_biases, num_layers, dropout, train,
-                        bidirectional):
-            return op.decompose(input, hx, params, has_biases, num_layers, dropout, train,
-                                bidirectional, batch_first)
-        return _run(kind, input, [hx], params, has_biases, num_layers, bidirectional,
-                    batch_first)
 
-    return run
+def _kernels(kind: str):
+    """The kernels of `aten::<kind>.input` and `.data`; the single-state kinds (GRU, Elman
+    RNNs) take one state tensor where the LSTM takes two."""
+    def sequence(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+                 batch_first):
+        return _sequence(kind, input, hx if kind == "lstm" else [hx], params, has_biases,
+                         num_layers, dropout, train, bidirectional, batch_first)
+
+    def packed(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
+               bidirectional):
+        return _packed(kind, data, batch_sizes, hx if kind == "lstm" else [hx], params,
+                       has_biases, num_layers, dropout, train, bidirectional)
+
+    return sequence, packed
 
 
 _library = torch.library.Library("aten", "IMPL")
-for _name, _kernel in (("lstm.input", lstm), *((f"{kind}.input", _single_state(kind))
-                                                 for kind in ("gru", "rnn_tanh", "rnn_relu"))):
-    _compat.keep_dynamo_out(_kernel)  # (called from C++ while a compiled graph runs)
-    _library.impl(_name, _kernel, "AutogradPrivateUse1")
+for _kind in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+    for _overload, _kernel in zip(("input", "data"), _kernels(_kind)):
+        _compat.keep_dynamo_out(_kernel)  # (called from C++ while a compiled graph runs)
+        _library.impl(f"{_kind}.{_overload}", _kernel, "AutogradPrivateUse1")

@@ -124,3 +124,31 @@ def test_unbatched_and_empty_inputs_as_on_the_cpu():
     assert ours.shape == want.shape and dh.shape == h.shape
     with pytest.raises(RuntimeError, match="Expected sequence length to be larger than 0"):
         dev(torch.randn(0, 2, 5, device=NEURON))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
+def test_packed_sequences_run_whole_with_every_gradient(kind):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    cpu, dev = _pair(kind, num_layers=2, bidirectional=True, batch_first=True)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(4, 7, 5, generator=g)
+    lengths = torch.tensor([3, 7, 1, 5])  # unsorted: packing sorts, the states come back
+    states = [torch.randn(4, 4, 12, generator=g) for _ in range(2 if kind == "lstm" else 1)]
+    results = []
+    for layer in (cpu, dev):
+        device = next(layer.parameters()).device
+        xs = x.to(device).detach().requires_grad_()  # (a leaf on each device)
+        hs = [s.to(device).detach().requires_grad_() for s in states]
+        packed = pack_padded_sequence(xs, lengths, batch_first=True, enforce_sorted=False)
+        launches = core.kernels_launched
+        out, last = layer(packed, tuple(hs) if kind == "lstm" else hs[0])
+        launches = core.kernels_launched - launches
+        padded, _ = pad_packed_sequence(out, batch_first=True)
+        last = last if isinstance(last, tuple) else (last,)
+        (padded.square().sum() + sum((s * (k + 2)).sum() for k, s in enumerate(last))).backward()
+        if device.type == "neuron":
+            assert launches < 40  # forward: not a cell per step and direction (~100)
+        results.append([padded, *last, xs.grad, *(h.grad for h in hs),
+                        *(p.grad for p in layer.parameters())])
+    _close(results[1], results[0])
