@@ -259,6 +259,9 @@ for _kind, _ops_pair in {"List": (aten.lerp.Tensor, aten.lerp_.Tensor),
 @register(aten._foreach_norm.Scalar)
 def foreach_norm(tensors, ord=2, dtype=None):
     _check(tensors)
+    if ord == float("inf") and any(t.numel() == 0 for t in tensors):
+        raise RuntimeError("_foreach_norm cannot compute the infinity norm on an empty tensor "
+                           "because the operation does not have an identity")  # (the CPU's)
     return [call(aten.linalg_vector_norm.default, t, ord, dtype=dtype) for t in tensors]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch._decomp import decomposition_table
 
 from neuron_eager.ops import _compat
 from neuron_eager.ops import tensor as T
@@ -349,6 +350,27 @@ def _cpu_checks(op, x, *args) -> None:
     except RuntimeError as meta_error:
         op(stand_in, *args)
         raise meta_error
+
+
+@register(aten.im2col.default)
+def im2col(x, kernel_size, dilation, padding, stride):  # (F.unfold)
+    return _with_cpu_errors(aten.im2col.default, x, kernel_size, dilation, padding, stride)
+
+
+@register(aten.col2im.default)
+def col2im(x, output_size, kernel_size, dilation, padding, stride):  # (F.fold)
+    return _with_cpu_errors(aten.col2im.default, x, output_size, kernel_size, dilation,
+                            padding, stride)
+
+
+def _with_cpu_errors(op, x, *args):
+    """op through PyTorch's decomposition, with its argument errors in the CPU's words: a
+    CPU stand-in with no memory raises them before any work."""
+    try:
+        return decomposition_table[op](x, *args)
+    except RuntimeError as error:
+        op(torch.empty((), dtype=x.dtype).expand(x.shape), *args)
+        raise error
 
 
 @register(aten.pixel_shuffle.default)

@@ -132,6 +132,16 @@ ERRORS = {
     "histc with max below min": lambda d: torch.histc(torch.zeros(3, device=d), 4, 2, 1),
     "masked_select of a longer mask": lambda d: torch.zeros(3, device=d).masked_select(
         torch.ones(4, dtype=torch.bool, device=d)),
+    "unfold with a kernel larger than the image": lambda d: torch.nn.functional.unfold(
+        torch.zeros(1, 2, 4, 4, device=d), 5),
+    "unfold with stride 0": lambda d: torch.nn.functional.unfold(
+        torch.zeros(1, 2, 4, 4, device=d), 3, stride=0),
+    "fold of channels not divisible by the kernel": lambda d: torch.nn.functional.fold(
+        torch.zeros(1, 17, 4, device=d), (4, 4), 3),
+    "fold of the wrong number of blocks": lambda d: torch.nn.functional.fold(
+        torch.zeros(1, 18, 5, device=d), (4, 4), 3),
+    "_foreach_norm inf of an empty tensor": lambda d: torch._foreach_norm(
+        [torch.zeros(0, device=d)], float("inf")),
     # valid-looking: searched through the sorter as given
     "searchsorted with an int32 sorter": lambda d: torch.searchsorted(
         _t(d, [3., 1., 2.]), _t(d, [0., 1.5]), sorter=_t(d, [1, 2, 0], dtype=torch.int32)),
