@@ -496,7 +496,7 @@ def _check_index_copy(x, dim, index) -> None:
 @register(aten.take.default)
 def take_elements(x, index):
     if isinstance(index, NeuronTensor) and index.dtype == torch.int64:
-        check_bounds(index, max(x.numel(), 0), 0, True, "take")
+        check_bounds(index, x.numel(), 0, True, "take")
     return decomposition_table[aten.take.default](x, index)
 
 

@@ -168,7 +168,7 @@ def masked_fill(x, mask, value):
 def masked_fill_(x, mask, value):
     _check_mask(mask)
     value = _fill_value(value, x.dtype)
-    if _shares_elements(x):
+    if T.has_internal_overlap(x):
         _deprecated_on_expanded("masked_fill_")
         return fill_shared(x, aten.expand.default(mask, list(x.shape)), value)
     return E.run(_MASKED_FILL, [x, mask], [value], out=x)
@@ -180,10 +180,6 @@ def masked_fill_(x, mask, value):
 # a memory location ends with it if any element over it was written. Those ops compute which
 # elements they write, fold that over the stride-0 dims, and fill the memory once through a
 # view without them (the one-element-per-location view).
-def _shares_elements(x) -> bool:
-    return any(st == 0 and n > 1 for n, st in zip(x.shape, x.stride()))
-
-
 def _deprecated_on_expanded(name: str) -> None:
     from neuron_eager.ops.sourceline import warn_at_user_line
 
@@ -206,7 +202,7 @@ def fill_shared(x, written, value):
 @register(aten.index_fill_.int_Scalar, aten.index_fill_.int_Tensor)
 def index_fill_(x, dim, index, value):
     result = I.index_fill(x, dim, index, value)  # (its checks and errors)
-    if not _shares_elements(x):
+    if not T.has_internal_overlap(x):
         return E.copy_into(x, result)
     _deprecated_on_expanded("index_fill_")
     none = aten.zeros_like.default(x, dtype=torch.bool, memory_format=torch.contiguous_format)
@@ -225,9 +221,8 @@ def triu_(x, diagonal=0):
 
 
 def _triangle_(x, diagonal, lower, op):
-    result = _triangle_op(x, diagonal, lower, op)
-    if not _shares_elements(x):
-        return E.copy_into(x, result)
+    if not T.has_internal_overlap(x):
+        return E.copy_into(x, _triangle_op(x, diagonal, lower, op))
     ones = aten.ones_like.default(x, dtype=torch.bool, memory_format=torch.contiguous_format)
     kept = _triangle_op(ones, diagonal, lower, op)  # the elements the triangle keeps
     return fill_shared(x, aten.logical_not.default(kept), 0)

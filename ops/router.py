@@ -304,7 +304,7 @@ def _run_out(functional, pointwise, func, args, kwargs):
     names = _out_args(func)
     kwargs = dict(kwargs)
     outs = [kwargs.pop(n) for n in names]
-    if func in _DTYPE_FROM_OUT and kwargs.get("dtype") is None and \
+    if id(func) in _DTYPE_FROM_OUT and kwargs.get("dtype") is None and \
             isinstance(outs[0], torch.Tensor):
         kwargs["dtype"] = outs[0].dtype  # computed in out's dtype, inputs cast first, as the CPU
     if pointwise:
@@ -323,8 +323,9 @@ def _run_out(functional, pointwise, func, args, kwargs):
 
 # Sums, products and scans with `out=` and no dtype take out's dtype as theirs (sum of floats
 # into a long tensor sums their truncations); other ops cast their result into out.
-_DTYPE_FROM_OUT = {aten.sum.IntList_out, aten.cumsum.out, aten.cumprod.out, aten.prod.int_out,
-                   aten.nansum.out}
+# (ids: an OpOverload hashes in Python, microseconds a lookup)
+_DTYPE_FROM_OUT = {id(op) for op in (aten.sum.IntList_out, aten.cumsum.out, aten.cumprod.out,
+                                     aten.prod.int_out, aten.nansum.out)}
 
 
 def _elementwise_into(functional, args, kwargs, dst: NeuronTensor) -> bool:

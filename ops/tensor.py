@@ -168,16 +168,20 @@ def _dense(shape, stride) -> bool:
     return True
 
 
+def has_internal_overlap(t: "NeuronTensor") -> bool:
+    """Whether elements of `t` share memory (an expanded view: a stride of 0 over a dim
+    longer than 1)."""
+    if t.__dict__.get("_key") is not None:
+        return False  # C-contiguous (the common case: no stride to look at)
+    return any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
+
+
 def check_no_internal_overlap(out: "NeuronTensor") -> None:
-    """The CPU's error for writing a tensor whose elements share memory (an expanded view:
-    a stride of 0 over a dim longer than 1)."""
-    if out.__dict__.get("_key") is not None:
-        return  # C-contiguous (the common case: no stride to look at)
-    for n, st in zip(out.shape, out.stride()):
-        if st == 0 and n > 1:
-            raise RuntimeError("unsupported operation: more than one element of the written-to "
-                               "tensor refers to a single memory location. Please clone() the "
-                               "tensor before performing the operation.")
+    """The CPU's error for writing a tensor whose elements share memory."""
+    if has_internal_overlap(out):
+        raise RuntimeError("unsupported operation: more than one element of the written-to "
+                           "tensor refers to a single memory location. Please clone() the "
+                           "tensor before performing the operation.")
 
 
 def check_no_partial_overlap(out: "NeuronTensor", a: "NeuronTensor") -> None:

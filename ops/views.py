@@ -342,7 +342,7 @@ def _cpu_checks(op, x, *args) -> None:
     """op's argument errors in the CPU's words: checked on a meta stand-in, and if that
     raises, once more on a CPU stand-in with no memory (whose kernel raises before any work),
     where the meta kernel words its checks otherwise."""
-    stand_in = torch.empty((), dtype=x.dtype).expand(x.shape)
+    stand_in = _cpu_stand_in(x)
     if any(isinstance(a, int) and a <= 0 for a in args):
         op(stand_in, *args)  # (the meta kernel lets a factor of 0 through)
     try:
@@ -369,8 +369,13 @@ def _with_cpu_errors(op, x, *args):
     try:
         return decomposition_table[op](x, *args)
     except RuntimeError as error:
-        op(torch.empty((), dtype=x.dtype).expand(x.shape), *args)
+        op(_cpu_stand_in(x), *args)
         raise error
+
+
+def _cpu_stand_in(x):
+    """A CPU tensor of x's shape and dtype over one element (no memory to speak of)."""
+    return torch.empty((), dtype=x.dtype).expand(x.shape)
 
 
 @register(aten.pixel_shuffle.default)
