@@ -76,17 +76,48 @@ def _move(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     base = getattr(storage, "_neuron_bytes", None)
     if base is None:
-        raw = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
-        base = storage._neuron_bytes = raw.to(device)
+        base = storage._neuron_bytes = _bytes(storage).to(device)
+        if getattr(storage, "_torch_load_uninitialized", False):
+            _unfilled.append((storage, base))  # Note [Legacy checkpoints]
     moved = base.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(),
                                                tensor.storage_offset())
     return moved.requires_grad_(tensor.requires_grad)
+
+
+# Note [Legacy checkpoints]
+# The legacy format (torch.save(..., _use_new_zipfile_serialization=False)) unpickles every
+# tensor before it reads the storages' bytes into them, so a tensor moved to neuron as it is
+# rebuilt copied uninitialized memory. Such storages are noted when moved, and copied again
+# once torch.load has read them.
+_unfilled: list = []  # (CPU storage, its neuron bytes) moved before their data was read
+
+
+def _bytes(storage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+def _filling_moved(load):
+    @functools.wraps(load)
+    def load_then_fill(*args, **kwargs):
+        start = len(_unfilled)
+        try:
+            return load(*args, **kwargs)
+        finally:
+            pending = _unfilled[start:]
+            del _unfilled[start:]
+            for storage, base in pending:
+                base.copy_(_bytes(storage))
+
+    load_then_fill.__wrapped_by_neuron__ = True
+    return load_then_fill
 
 
 def install() -> None:
     torch.serialization.register_package(_PRIORITY, _tag, _deserialize)
     if not getattr(torch.save, "__wrapped_by_neuron__", False):
         torch.save = torch.serialization.save = _sharing_storages(torch.serialization.save)
+    if not getattr(torch.load, "__wrapped_by_neuron__", False):
+        torch.load = torch.serialization.load = _filling_moved(torch.serialization.load)
     restore = torch._utils._restore_device_fake_mode  # every rebuild of a tensor ends here
 
     def restore_then_move(tensor):

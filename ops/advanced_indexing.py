@@ -190,9 +190,7 @@ def _index_put_impl_(x, indices, values, accumulate=False, unsafe=False):
 @register(aten.put.default)
 def put_flat(x, index, source, accumulate=False):
     """x.flatten()[index] = source (+= with accumulate), on a copy of x."""
-    if index.dtype != torch.int64:
-        raise RuntimeError(f"put_(): Expected a long tensor for index, but got "
-                           f"{T.dtype_name(index.dtype)}")
+    I.require_long(index, "put_")
     if source.dtype != x.dtype:
         raise RuntimeError(f"put_(): self and source expected to have the same dtype, but got "
                            f"self.dtype = {T.dtype_name(x.dtype)} and source.dtype = "

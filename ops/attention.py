@@ -5,7 +5,7 @@ nn.MultiheadAttention and nn.TransformerEncoderLayer call `_native_multi_head_at
 fast (PrivateUse1 included); the CPU has the only kernels. They are composed here from
 linear, bmm, masked softmax and layer norm, in the CPU kernels' order of operations (q is
 scaled by 1/sqrt(head_dim) after its bias, masks mean "masked out" wherever nonzero, a row
-masked out entirely gives zeros), so results match the CPU's to rounding.
+masked out entirely gives NaN), so results match the CPU's to rounding.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from neuron_eager.ops import _compat
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -31,9 +32,10 @@ def _as_scores_mask(mask, scores, mask_type):
 
 
 def _masked(scores, mask):
-    """Softmax over the last dim with masked scores left out; all-masked rows give 0."""
+    """Softmax over the last dim with masked scores left out; all-masked rows give NaN, as the
+    CPU's _masked_softmax (a batch row whose keys are all padding is NaN there too)."""
     filled = aten.masked_fill.Scalar(scores, mask, float("-inf"))
-    return aten._safe_softmax.default(filled, -1)
+    return aten._softmax.default(filled, -1, False)
 
 
 @register(aten._masked_softmax.default)
@@ -105,3 +107,28 @@ def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bia
     if not norm_first:
         x = _norm(x, norm_weight_2, norm_bias_2, eps)
     return x
+
+
+# Note [Causal and explicit masks]
+# The CPU's scaled_dot_product_attention (its flash kernel) applies an explicit attn_mask and
+# is_causal together; the math path that other devices take refuses the pair. So on neuron a
+# causal mask is folded into the explicit one first (kept out of a bool mask, -inf added to a
+# float one), at the autograd key, above the math path.
+_SDPA = aten.scaled_dot_product_attention.default
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+          enable_gqa=False):
+    if attn_mask is not None and is_causal:
+        causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool,
+                            device=query.device).tril()
+        attn_mask = attn_mask & causal if attn_mask.dtype == torch.bool else \
+            attn_mask.masked_fill(~causal, float("-inf"))
+        is_causal = False
+    return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                           enable_gqa=enable_gqa)
+
+
+_compat.keep_dynamo_out(_sdpa)  # (called from C++ while a compiled graph runs)
+_library = torch.library.Library("aten", "IMPL")
+_library.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")

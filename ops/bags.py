@@ -102,6 +102,12 @@ def _bag_kernel(which: str, code: str):
     return fn
 
 
+# (the CPU's words: an internal check of its kernel, which walks the bags' ends)
+_DECREASING_OFFSETS = ("Expected i < index_size to be true, but got false.  (Could this error "
+                       "message be improved?  If so, please report an enhancement request to "
+                       "PyTorch.)")
+
+
 def _bags(indices, offsets, include_last_offset):
     idx = contiguous(as_long(indices)).reshape(-1)
     offs = as_long(offsets)._nd.reshape(-1)
@@ -112,6 +118,8 @@ def _bags(indices, offsets, include_last_offset):
     if offs.size and offs[-1] > n:
         raise RuntimeError(f"offsets[-1] can not be greater than input's length {n} but got "
                            f"offsets[-1] of {offs[-1]}")
+    if (np.diff(offs) < 0).any():  # (bags would overlap or turn negative)
+        raise RuntimeError(_DECREASING_OFFSETS)
     starts = offs[:-1] if include_last_offset else offs
     ends = offs[1:] if include_last_offset else np.append(offs[1:], n)
     return idx, np.minimum(starts, n), np.minimum(ends, n)
@@ -341,6 +349,10 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
     if reduce not in _SEGMENT_OPS:
         raise RuntimeError(f"unsupported reduction given! {reduce}")
     offs, dshape, oshape, shape = _segments(data, lengths, offsets, axis)
+    if (np.diff(offs, axis=1) < 0).any() or \
+            lengths is not None and not unsafe and (offs[:, -1] != dshape[1]).any():
+        T.cpu_refusal(aten.segment_reduce.default, data, reduce, lengths=lengths, indices=indices,
+                      offsets=offsets, axis=axis, unsafe=unsafe, initial=initial)
     src = data.contiguous()
     out = T.empty(shape, data.dtype)
     if out.numel():

@@ -414,6 +414,26 @@ def _meta(t):
                                                       device="meta")
 
 
+# Note [Convolution argument checks]
+# The meta kernel only infers the output's shape: it lets through negative padding, a zero
+# dilation, output_padding >= stride, a bias of the wrong length and a transposed weight
+# whose channels do not match the input's, which our kernels then read past (garbage, and a
+# crash in backward). The CPU's own checks run on stand-ins of an empty batch (zero-stride
+# views: nothing is allocated or computed); where they refuse, raise_like_cpu repeats the
+# call with the real batch size for the CPU's exact words. An empty batch skips the checks of
+# the CPU's kernels (stride, dilation, output_padding): those are tested here.
+def _cpu_checks(args) -> None:
+    x, weight, bias, stride, _, dilation, transposed, output_padding, groups = args
+    if min(stride) <= 0 or min(dilation) <= 0 or groups <= 0 or transposed and any(
+            o >= s and o >= d for o, s, d in zip(output_padding, stride, dilation)):
+        raise RuntimeError("refused by the CPU's checks")
+    stand_ins = [torch.zeros((), dtype=t.dtype).expand(shape) for t, shape in
+                 ((x, (0, *x.shape[1:])), (weight, weight.shape))]
+    stand_ins.append(None if bias is None else torch.zeros((), dtype=bias.dtype).expand(bias.shape))
+    with torch._C._DisableTorchDispatch():
+        aten.convolution.default(*stand_ins, *args[3:])
+
+
 def _supported(x, weight, other) -> bool:
     tensors = [t for t in (x, weight, other) if t is not None]
     return x.dim() == weight.dim() and x.dim() in (3, 4, 5) and x.dtype != torch.bool and \
@@ -439,7 +459,8 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     args = (x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     try:
         meta = aten.convolution.default(_meta(x), _meta(weight), _meta(bias), *args[3:])
-    except RuntimeError:
+        _cpu_checks(args)
+    except (RuntimeError, ZeroDivisionError):  # (the meta kernel divides by the stride)
         raise_like_cpu(aten.convolution.default, *args)
     if not _supported(x, weight, bias):
         return _fallback(aten.convolution.default, args)

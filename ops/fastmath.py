@@ -97,12 +97,19 @@ def log_f32(x):
     if x < f32(1.17549435e-38):  # subnormal: scale into the normal range first
         x = x * _TWO23
         e = np.int32(-23)
+    return log_scaled(x, e)
+
+
+@njit(**JIT)
+def log_scaled(x, e):
+    """log(x * 2**e) for a positive normal x, without branches (Note [branch-free]): what
+    log_f32 computes once its special cases are out of the way."""
     bits = f32_as_u32(x)
     e += np.int32(bits >> np.uint32(23)) - np.int32(127)
     m = u32_as_f32((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000))
-    if m > _SQRT2:
-        m = m * f32(0.5)
-        e += 1
+    big = m > _SQRT2
+    m = m * f32(0.5) if big else m
+    e = e + np.int32(1) if big else e
     f = m - f32(1)  # exact
     s = f / (f32(2) + f)
     z = s * s

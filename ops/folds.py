@@ -140,7 +140,8 @@ def _prod(op, x, dim, keepdim, dtype):
     dims = R.wrap_dims(x, dim)
     if x.numel() == 0:
         return R.on_empty(op, x, *([] if dim is None else [dim, keepdim]), dtype=dtype)
-    return fold(op, x, dims, keepdim, PROD, R.int_to_long(x, dtype))
+    x, out_dtype = R.accumulated(x, dtype)
+    return fold(op, x, dims, keepdim, PROD, out_dtype)
 
 
 @register(aten.prod.default)

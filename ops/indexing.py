@@ -20,6 +20,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import _compat
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops.meta import in_cpu_words
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.jit import njit
@@ -108,6 +109,7 @@ def meta_call(op, *args, **kwargs) -> Meta:
     try:
         out = op(*_melt(args), **{k: _melt(v) for k, v in kwargs.items()})
     except RuntimeError as e:  # the meta kernels print torch.Size([..]) where the CPU says [..]
+        in_cpu_words(op, args, kwargs)  # (Note [Errors in the CPU's words] in ops/meta.py)
         raise type(e)(_SIZE.sub(r"\1", str(e))) from None
     result = Meta(tuple(out.shape), out.stride(), out.dtype)
     if key is not None:
@@ -420,7 +422,9 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
         raise RuntimeError("'weight' must be 2-D")
     if indices.dtype not in (torch.int64, torch.int32):
         raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the "
-                           f"following scalar types: Long, Int; but got {indices.dtype} instead")
+                           f"following scalar types: Long, Int; but got "
+                           f"torch.{T.dtype_name(indices.dtype)}Tensor instead (while checking "
+                           f"arguments for embedding)")
     index = contiguous(as_long(indices))
     check_bounds(index, weight.shape[0], 0, False, "select")
     out = T.empty(tuple(indices.shape) + (weight.shape[1],), weight.dtype)
@@ -478,24 +482,37 @@ def _index_add(x, dim, index, source, alpha):
 @register(aten.index_copy_.default)
 def index_copy_(x, dim, index, source):
     T.check_no_internal_overlap(x)  # (the CPU's checks; PyTorch's decomposition has none)
-    _check_index_copy(x, dim, index)
+    _check_index_copy(x, dim, index, source)
     return decomposition_table[aten.index_copy_.default](x, dim, index, source)
 
 
 @register(aten.index_copy.default)
 def index_copy(x, dim, index, source):
-    _check_index_copy(x, dim, index)
+    _check_index_copy(x, dim, index, source)
     return decomposition_table[aten.index_copy.default](x, dim, index, source)
 
 
-def _check_index_copy(x, dim, index) -> None:
-    if isinstance(index, NeuronTensor) and index.dtype == torch.int64 and x.dim():
+def require_long(index, op_name: str) -> None:
+    """The CPU's refusal of an index that is not int64 (take, put_, index_copy_)."""
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"{op_name}(): Expected a long tensor for index, but got "
+                           f"{T.dtype_name(index.dtype)}")
+
+
+def _check_index_copy(x, dim, index, source) -> None:
+    require_long(index, "index_copy_")
+    if source.dtype != x.dtype:
+        raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, "
+                           f"but got (self) {T.dtype_name(x.dtype)} and (source) "
+                           f"{T.dtype_name(source.dtype)}")
+    if isinstance(index, NeuronTensor) and x.dim():
         check_bounds(index, x.shape[dim], dim, False, "index_copy")
 
 
 @register(aten.take.default)
 def take_elements(x, index):
-    if isinstance(index, NeuronTensor) and index.dtype == torch.int64:
+    require_long(index, "take")  # (the decomposition would index with any integers)
+    if isinstance(index, NeuronTensor):
         check_bounds(index, x.numel(), 0, True, "take")
     return decomposition_table[aten.take.default](x, index)
 

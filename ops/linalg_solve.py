@@ -553,6 +553,9 @@ def _cdist_inputs(x1, x2):
 def cdist_forward(x1, x2, p, compute_mode=None):
     meta = meta_run(aten._cdist_forward.default, x1, x2, p, compute_mode)
     check_float(x1, "cdist")
+    if x1.dtype != x2.dtype:  # (the meta kernel promotes)
+        raise RuntimeError(f"expected scalar type {T.dtype_name(x1.dtype)} but found "
+                           f"{T.dtype_name(x2.dtype)}")
     r1, r2 = x1.shape[-2], x2.shape[-2]
     mode = 0 if compute_mode is None else compute_mode
     if p == 2 and (mode == 1 or (mode == 0 and (r1 > 25 or r2 > 25))) and meta.numel():

@@ -141,6 +141,8 @@ def mse_loss_backward(grad_output, self, target, reduction):
 @register(aten.smooth_l1_loss.default)
 def smooth_l1_loss(self, target, reduction=MEAN, beta=1.0):
     meta = meta_run(aten.smooth_l1_loss.default, self, target, reduction, beta)
+    if beta < 0:  # (the meta kernel lets it through)
+        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
     return pointwise_loss(SMOOTH_L1, meta, [self, target], [beta], reduction)
 
 
@@ -567,7 +569,7 @@ def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=MEAN):
     w = widen(f32_vector(weight, dim, 1.0))
     per_frame = np.zeros(frames, np.float32)
     if not multi_margin_kernel(x, tv[:, 0].copy(), w, int(p), np.float32(margin), per_frame):
-        raise IndexError("target out of range")
+        raise RuntimeError("target out of range")
     if reduction == NONE:
         out = T.empty(self.shape[:-1] if self.dim() == 2 else (), self.dtype)
         narrow_into(out, per_frame)
@@ -596,7 +598,7 @@ def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None
         ok, bad = multi_margin_backward_kernel(values, x, tv[:, 0].copy(), w, go, g, int(p),
                                                np.float32(margin), per_frame)
         if not ok:
-            raise IndexError("target out of range")  # the CPU's TORCH_CHECK_INDEX wording
+            raise RuntimeError("target out of range")
     narrow_into(gx, values.reshape(-1))
     core.launch("vector", gx.numel(), gx._nd.nbytes * 2)
     return gx

@@ -36,7 +36,45 @@ def _run(op, args, kwargs):
             return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
         return a
 
-    return op(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+    try:
+        return op(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+    except RuntimeError as error:
+        in_cpu_words(op, args, kwargs)
+        raise error
+
+
+# Note [Errors in the CPU's words]
+# Meta kernels check what the CPU checks, often in other words (a Python reference says
+# "gather(): Expected dtype int32/int64 for index, but got torch.float32", the CPU "gather():
+# Expected dtype int32/int64 for index"). Where a meta run refuses a call, the call runs
+# once more on CPU stand-ins, zero-stride views with no memory to speak of (a written
+# argument gets memory of its own), and the CPU's error is raised if it has one. Only the
+# error path pays; the CPU raises before it computes.
+def in_cpu_words(op, args, kwargs) -> None:
+    """Raise the CPU's error for `op(*args, **kwargs)` on stand-ins, if it has one."""
+    schema = getattr(op, "_schema", None)
+    written = set() if schema is None else {
+        a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    names = [] if schema is None else [a.name for a in schema.arguments]
+
+    def stand_in(a, writable=False):
+        if isinstance(a, torch.Tensor):
+            if writable:
+                return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)
+            return torch.zeros((), dtype=a.dtype).expand(a.shape)
+        if isinstance(a, torch.device):
+            return torch.device("cpu")
+        return a
+
+    cpu_args = [tree_map(lambda t, w=(i < len(names) and names[i] in written): stand_in(t, w), a)
+                for i, a in enumerate(args)]
+    cpu_kwargs = {k: tree_map(lambda t, w=(k in written): stand_in(t, w), v)
+                  for k, v in kwargs.items()}
+    try:
+        with torch._C._DisableTorchDispatch():
+            op(*cpu_args, **cpu_kwargs)
+    except (RuntimeError, IndexError, TypeError, ValueError, NotImplementedError) as cpu_error:
+        raise cpu_error from None
 
 
 def _signature(value):

@@ -9,6 +9,8 @@ fp32, and each result is rounded once.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -495,11 +497,25 @@ def adaptive_avg_pool3d_backward(grad, x):
     return _adaptive_avg_backward(aten._adaptive_avg_pool3d_backward.default, 3, grad, x)
 
 
-# max_unpool2d runs PyTorch's decomposition (a scatter into zeros); the CPU keeps a
-# channels-last input's layout (its 3-D form does not)
+# max_unpool runs PyTorch's decomposition (a scatter into zeros), after the CPU's check of the
+# indices (the scatter would wrap -1 to the last element); the CPU keeps a channels-last
+# input's layout in 2-D (its 3-D form does not)
+def _unpool(op, x, indices, output_size, *rest):
+    from torch._decomp import decomposition_table
+
+    plane = math.prod(output_size)
+    if indices.numel() and type(indices) is T.NeuronTensor and indices.dtype == torch.int64 and \
+            (indices._nd.min() < 0 or indices._nd.max() >= plane):
+        T.cpu_refusal(op, x, indices, output_size, *rest)
+    return decomposition_table[op](x, indices, output_size, *rest)
+
+
 @register(aten.max_unpool2d.default)
 @keeps_channels_last(0)
 def max_unpool2d(x, indices, output_size):
-    from torch._decomp import decomposition_table
+    return _unpool(aten.max_unpool2d.default, x, indices, output_size)
 
-    return decomposition_table[aten.max_unpool2d.default](x, indices, output_size)
+
+@register(aten.max_unpool3d.default)
+def max_unpool3d(x, indices, output_size, stride, padding):
+    return _unpool(aten.max_unpool3d.default, x, indices, output_size, stride, padding)

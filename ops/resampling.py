@@ -337,6 +337,23 @@ for _op, _taps in ((aten.upsample_linear1d_backward.default, linear_taps),
     _register_interp(_op, _taps)
 
 
+def _sizes_checked(op, kernel):
+    """`kernel` after the CPU's check that input and output sizes are positive (a size of 0
+    divides by zero in the tap tables and in PyTorch's decompositions)."""
+    def checked(x, output_size, *rest):
+        if min(output_size, default=1) <= 0 or min(x.shape[2:], default=1) <= 0:
+            T.cpu_refusal(op, x, output_size, *rest)
+        return kernel(x, output_size, *rest)
+
+    return checked
+
+
+for _op in (aten.upsample_nearest1d.default, aten.upsample_nearest2d.default,
+            aten.upsample_nearest3d.default, aten._upsample_nearest_exact1d.default,
+            aten._upsample_nearest_exact2d.default, aten._upsample_nearest_exact3d.default):
+    register(_op)(_sizes_checked(_op, decomposition_table[_op]))
+
+
 def _register_aa(op, cubic):
     def kernel(x, output_size, align_corners, scales_h=None, scales_w=None):
         args = (x, output_size, align_corners, scales_h, scales_w)
@@ -353,7 +370,7 @@ def _register_aa(op, cubic):
                   for a, s in enumerate((scales_h, scales_w))]
         return resample(x, meta.shape, 2, tables)
 
-    register(op)(keeps_channels_last(0)(kernel))
+    register(op)(keeps_channels_last(0)(_sizes_checked(op, kernel)))
 
 
 _register_aa(aten._upsample_bilinear2d_aa.default, False)
@@ -380,7 +397,7 @@ def _register_linear(op, k):
                   for a in range(k)]
         return resample(x, meta.shape, k, tables, blend=True)
 
-    register(op)(keeps_channels_last(0)(kernel))
+    register(op)(keeps_channels_last(0)(_sizes_checked(op, kernel)))
 
 
 _register_linear(aten.upsample_linear1d.default, 1)
@@ -399,7 +416,7 @@ def _register_uint8(op, cubic):
                                 False, cubic)
         return decomposition_table[op](*args)
 
-    register(op)(kernel)
+    register(op)(_sizes_checked(op, kernel))
 
 
 _register_uint8(aten.upsample_bicubic2d.default, True)
@@ -424,6 +441,24 @@ for _op, _k in ((aten.replication_pad1d_backward.default, 1),
                 (aten.replication_pad3d_backward.default, 3)):
     _register_pad(_op, _k)
 
+
+
+# Reflection pads run PyTorch's decomposition, which wraps a pad as wide as its dim around
+# (the CPU refuses it): the CPU's checks first.
+def _register_reflection_pad(op, k):
+    def kernel(x, padding):
+        for a in range(k):
+            size, (left, right) = x.shape[-1 - a], padding[2 * a:2 * a + 2]
+            if left >= size or right >= size or size + left + right < 1:
+                T.cpu_refusal(op, x, padding)
+        return decomposition_table[op](x, padding)
+
+    register(op)(kernel)
+
+
+for _op, _k in ((aten.reflection_pad1d.default, 1), (aten.reflection_pad2d.default, 2),
+                (aten.reflection_pad3d.default, 3)):
+    _register_reflection_pad(_op, _k)
 
 
 # Grid sampling has its own file; importing it here registers it with the resampling ops.

@@ -317,8 +317,27 @@ def _run_out(functional, pointwise, func, args, kwargs):
     for dst, res in zip(outs, results):
         if not isinstance(dst, NeuronTensor):
             raise device_error(dst.device)
+    if not pointwise and id(func) not in _DTYPE_FROM_OUT and any(
+            dst.dtype != res.dtype for dst, res in zip(outs, results)):
+        _out_dtype_like_cpu(func, names, outs, args, kwargs)
+    for dst, res in zip(outs, results):
         write_result(dst, res)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# Note [out= of another dtype]
+# Elementwise ops and sums cast their result into out's dtype; most other ops (matmuls, sorts,
+# the index outs of max/topk, gather, linalg) require out's own dtype, and where they do the
+# CPU raises. Which is which is the CPU kernel's business, so when the dtypes differ the
+# call runs on the CPU once (over aliases of the inputs, into scratch outs of the given
+# dtypes): its error is raised as ours; if it accepts, our result is cast into out.
+def _out_dtype_like_cpu(func, names, outs, args, kwargs) -> None:
+    def down(x):
+        return T.cpu_alias(x) if isinstance(x, NeuronTensor) else x
+
+    scratch = {n: torch.empty(dst.shape, dtype=dst.dtype) for n, dst in zip(names, outs)}
+    with torch._C._DisableTorchDispatch():
+        func(*tree_map(down, args), **tree_map(down, kwargs), **scratch)
 
 
 # Sums, products and scans with `out=` and no dtype take out's dtype as theirs (sum of floats

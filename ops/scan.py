@@ -46,7 +46,7 @@ def scan_kernel(src, base, starts, steps, stride, n, dst, dstarts, dstride, mode
 
 def _scan(op, x, dim, dtype, mode):
     dims = R.wrap_dims(x, dim)
-    out_dtype = R.int_to_long(x, dtype)
+    x, out_dtype = R.accumulated(x, dtype)
     if x.numel() == 0:
         return R.on_empty(op, x, dim, dtype=dtype)
     out = T.empty(x.shape, out_dtype)

@@ -602,6 +602,13 @@ def _sorter(sorter, nb: int, size: int) -> np.ndarray:
 
 
 def _search(op, boundaries, values, out_int32, right, side=None, sorter=None, scalar=False):
+    if side is not None:  # (the meta kernel does not look at it)
+        if side not in ("left", "right"):
+            raise RuntimeError(f"torch.searchsorted(): side can only be 'left' or 'right' but "
+                               f"got {side}")
+        if right and side == "left":
+            raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, "
+                               "got side of left while right was True")
     if scalar:
         result = _meta(op, boundaries, values, out_int32=out_int32, right=right, side=side,
                        sorter=sorter)

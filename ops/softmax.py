@@ -201,9 +201,13 @@ def _rows(t: NeuronTensor, dim: int):
     return flat, (outer[1], stride[dim], inner[1]), (outer[0], shape[dim], inner[0])
 
 
-def _out_dtype(x: NeuronTensor, half_to_float: bool) -> torch.dtype:
-    if not x.dtype.is_floating_point:
-        raise RuntimeError(f"\"softmax\" not implemented for '{_dtype_label(x.dtype)}'")
+def _out_dtype(x: NeuronTensor, half_to_float: bool, dim: int = -1,
+               name: str = "softmax") -> torch.dtype:
+    if not x.dtype.is_floating_point:  # (the CPU names its kernel: last dim or not)
+        kernel = "lastdim_kernel_impl" if T.wrap_dim(dim, x.dim()) == x.dim() - 1 or \
+            x.dim() == 0 else "kernel_impl"
+        raise NotImplementedError(f"\"{name}_{kernel}\" not implemented for "
+                                  f"'{_dtype_label(x.dtype)}'")
     if half_to_float:
         if x.dtype not in (torch.float16, torch.bfloat16):
             raise RuntimeError("conversion is supported for Half type only")
@@ -261,12 +265,12 @@ def _backward(log: bool, grad: NeuronTensor, output: NeuronTensor, dim: int,
 # -- ops ---------------------------------------------------------------------------------
 @register(aten._softmax.default)
 def _softmax(x, dim, half_to_float):
-    return _forward(SOFTMAX, x, dim, _out_dtype(x, half_to_float))
+    return _forward(SOFTMAX, x, dim, _out_dtype(x, half_to_float, dim))
 
 
 @register(aten._log_softmax.default)
 def _log_softmax(x, dim, half_to_float):
-    return _forward(LOG_SOFTMAX, x, dim, _out_dtype(x, half_to_float))
+    return _forward(LOG_SOFTMAX, x, dim, _out_dtype(x, half_to_float, dim, "log_softmax"))
 
 
 @register(aten._safe_softmax.default)
@@ -274,7 +278,7 @@ def _safe_softmax(x, dim, dtype=None):
     # Used by scaled_dot_product_attention: a row masked entirely to -inf gives zeros, not NaN.
     if dtype is not None and dtype != x.dtype:
         x = x.to(dtype)
-    return _forward(SAFE_SOFTMAX, x, dim, _out_dtype(x, False))
+    return _forward(SAFE_SOFTMAX, x, dim, _out_dtype(x, False, dim))
 
 
 @register(aten._softmax_backward_data.default)

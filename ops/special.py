@@ -109,7 +109,13 @@ define("fmax", _fmax.py_func, [aten.fmax.default])
 define("fmin", _fmin.py_func, [aten.fmin.default])
 define("copysign", lambda a, b: np.copysign(a, b), [aten.copysign.Tensor, aten.copysign.Scalar],
        [aten.copysign_.Tensor, aten.copysign_.Scalar], kind="int_to_float")
-define("heaviside", _heaviside.py_func, [aten.heaviside.default], [aten.heaviside_.default])
+def _same_dtypes(x, values):
+    if isinstance(values, torch.Tensor) and x.dtype != values.dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+
+
+define("heaviside", _heaviside.py_func, [aten.heaviside.default], [aten.heaviside_.default],
+       check=_same_dtypes)
 define("sinc", _sinc.py_func, [aten.sinc.default], [aten.sinc_.default], operands=1,
        kind="int_to_float", engine="scalar")
 define("deg2rad", lambda x: x * np.float32(math.pi / 180), [aten.deg2rad.default],
@@ -237,3 +243,22 @@ def equal(a, b):
     if a.numel() == 0:
         return True
     return bool(aten.all.default(aten.eq.Tensor(a, b)).item())
+
+
+# ldexp with an integer exponent scales exactly and rounds once, in the input's dtype (the
+# CPU's std::ldexp): 0.5 * 2**128 is 1.7e38, where 2**128 alone overflows fp32. Any other
+# operands multiply by 2**e, as the CPU does then.
+@njit
+def _ldexp(x, e):
+    k = np.int64(max(min(e, np.float32(400)), np.float32(-400)))  # beyond: 0 or inf anyway
+    return np.float32(math.ldexp(np.float64(x), k))
+
+
+_LDEXP = E.Elementwise("ldexp", _ldexp, float_only=True)
+
+
+@register(aten.ldexp.Tensor)
+def ldexp(x, e):
+    if x.dtype.is_floating_point and not (e.dtype.is_floating_point or e.dtype.is_complex):
+        return E.run(_LDEXP, (x, e))
+    return torch.mul(x, torch.pow(2.0, e))

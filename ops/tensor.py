@@ -637,6 +637,20 @@ def flat(t: NeuronTensor) -> np.ndarray:
     return view
 
 
+def cpu_refusal(op, *args, **kwargs):
+    """Raise the error the CPU raises for this call of a functional op, found by running it
+    over zero-copy aliases of the device tensors (their values too: some checks read them).
+    For calls a cheap test found bad: the CPU raises before it works, or works once on an
+    error path."""
+    def down(x):
+        return cpu_alias(x) if type(x) is NeuronTensor else \
+            [down(y) for y in x] if isinstance(x, (list, tuple)) else x
+
+    with torch._C._DisableTorchDispatch():
+        op(*[down(a) for a in args], **{k: down(v) for k, v in kwargs.items()})
+    raise RuntimeError(f"{op}: these arguments are not supported on neuron")
+
+
 def cpu_alias(t: NeuronTensor) -> torch.Tensor:
     """A CPU tensor that shares the HBM bytes of `t` (no copy): writes go to the device."""
     arr = t._nd

@@ -365,7 +365,11 @@ def col2im(x, output_size, kernel_size, dilation, padding, stride):  # (F.fold)
 
 def _with_cpu_errors(op, x, *args):
     """op through PyTorch's decomposition, with its argument errors in the CPU's words: a
-    CPU stand-in with no memory raises them before any work."""
+    CPU stand-in with no memory raises them before any work. (The decomposition takes a
+    negative padding, or a size of 0, without a word: those go to the CPU first.)"""
+    *sizes, padding, stride = args
+    if min(padding) < 0 or min(stride) <= 0 or any(min(s) <= 0 for s in sizes[-2:]):
+        op(_cpu_stand_in(x), *args)
     try:
         return decomposition_table[op](x, *args)
     except RuntimeError as error:

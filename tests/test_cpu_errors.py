@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import neuron_eager
 from neuron_eager.ops import numerics
@@ -160,7 +161,74 @@ ERRORS = {
     "normal_ of an expanded tensor": lambda d: _expanded(d).normal_(),
     "bernoulli_ of an expanded tensor": lambda d: _expanded(d).bernoulli_(0.5),
     "random_ of an expanded tensor": lambda d: _expanded(d).random_(0, 5),
+    # arguments the meta kernels and decompositions let through, which read past memory or
+    # wrapped around (garbage, and a crash in a transposed convolution's backward)
+    "conv2d negative padding": lambda d: F.conv2d(_image(d), _taps(d), padding=-1),
+    "conv2d dilation 0": lambda d: F.conv2d(_image(d), _taps(d), dilation=0),
+    "conv2d stride 0": lambda d: F.conv2d(_image(d), _taps(d), stride=0),
+    "conv2d bias of 3 for 1 channel": lambda d: F.conv2d(_image(d), _taps(d), _t(d, [1., 2, 3])),
+    "conv_transpose2d output_padding >= stride": lambda d: F.conv_transpose2d(
+        _image(d), _taps(d), stride=2, output_padding=2),
+    "conv_transpose2d input channels": lambda d: F.conv_transpose2d(
+        torch.ones(1, 3, 4, 4, device=d), torch.ones(1, 2, 3, 3, device=d)),
+    "unfold negative padding": lambda d: F.unfold(_image(d), 3, padding=-1),
+    "embedding_bag decreasing offsets": lambda d: F.embedding_bag(
+        _t(d, [0, 1, 2, 1]), torch.ones(3, 2, device=d), _t(d, [0, 3, 1])),
+    "reflection pad as wide as its dim": lambda d: F.pad(_image(d)[0], (5, 5), mode="reflect"),
+    "reflection pad 2-d past its dim": lambda d: F.pad(_image(d), (0, 0, 6, 0), mode="reflect"),
+    "interpolate to size 0": lambda d: F.interpolate(_image(d), size=0),
+    "bilinear interpolate to size 0": lambda d: F.interpolate(_image(d), size=(0, 3),
+                                                              mode="bilinear"),
+    "smooth_l1_loss negative beta": lambda d: F.smooth_l1_loss(
+        _t(d, [1., 2.]), _t(d, [0., 0.]), beta=-1.0),
+    "max_unpool2d index -1": lambda d: F.max_unpool2d(
+        torch.ones(1, 1, 2, 2, device=d), _t(d, [[[[0, 1], [2, -1]]]]), 2),
+    "max_unpool2d index past the plane": lambda d: F.max_unpool2d(
+        torch.ones(1, 1, 2, 2, device=d), _t(d, [[[[0, 1], [2, 99]]]]), 2),
+    "searchsorted side 'middle'": lambda d: torch.searchsorted(
+        _t(d, [1., 2.]), _t(d, [1.5]), side="middle"),
+    "searchsorted side and right opposite": lambda d: torch.searchsorted(
+        _t(d, [1., 2.]), _t(d, [1.5]), side="left", right=True),
+    "segment_reduce lengths past the data": lambda d: torch.segment_reduce(
+        torch.arange(6., device=d), "sum", lengths=_t(d, [3, 4])),
+    "take with an int32 index": lambda d: torch.arange(4., device=d).take(
+        _t(d, [0, 3], dtype=torch.int32)),
+    # the CPU's words where ours differed (Note [Errors in the CPU's words] in ops/meta.py)
+    "softmax of int64 over the last dim": lambda d: F.softmax(_t(d, [[1, 2]]), -1),
+    "log_softmax of int64 over another dim": lambda d: F.log_softmax(_t(d, [[1, 2]]), 0),
+    "multi_margin_loss target out of range": lambda d: F.multi_margin_loss(
+        torch.ones(2, 3, device=d), _t(d, [0, 5])),
+    "embedding with float indices": lambda d: F.embedding(_t(d, [0., 1.]),
+                                                          torch.ones(3, 2, device=d)),
+    "aminmax of an empty tensor": lambda d: torch.empty(0, device=d).aminmax(),
+    "index_copy of another dtype": lambda d: torch.zeros(3, 2, device=d).index_copy(
+        0, _t(d, [0, 1]), torch.ones(2, 2, dtype=torch.half, device=d)),
+    "gather with a float index": lambda d: torch.gather(torch.ones(2, 2, device=d), 1,
+                                                        _t(d, [[0.], [1.]])),
+    "matrix_power of int64 to -1": lambda d: _t(d, [[1, 0], [0, 1]]).matrix_power(-1),
+    "heaviside of float32 and float64": lambda d: torch.heaviside(
+        _t(d, [1., 0.]), _t(d, [0.5], dtype=torch.float64)),
+    "cdist of float32 and float64": lambda d: torch.cdist(
+        torch.ones(2, 3, device=d), torch.ones(2, 3, device=d, dtype=torch.float64)),
+    # out= of another dtype that the CPU refuses (it casts only elementwise results and sums)
+    "mm out= float16": lambda d: torch.mm(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d),
+                                          out=torch.empty(0, dtype=torch.half, device=d)),
+    "max indices out= int32": lambda d: torch.max(torch.ones(2, 2, device=d), 1, out=(
+        torch.empty(0, device=d), torch.empty(0, dtype=torch.int32, device=d))),
+    "sort indices out= int32": lambda d: torch.sort(torch.ones(2, 2, device=d), out=(
+        torch.empty(0, device=d), torch.empty(0, dtype=torch.int32, device=d))),
+    "gather out= float16": lambda d: torch.gather(
+        torch.ones(2, 2, device=d), 1, _t(d, [[0], [1]]),
+        out=torch.empty(0, dtype=torch.half, device=d)),
 }
+
+
+def _image(device):
+    return torch.arange(25., device=device).view(1, 1, 5, 5)
+
+
+def _taps(device):
+    return torch.ones(1, 1, 3, 3, device=device)
 
 
 @pytest.mark.parametrize("name", ERRORS)
@@ -202,6 +270,19 @@ VALUES = {
     "cumsum into long": _into_long(lambda x, out: torch.cumsum(x, 1, out=out)),
     "cumprod into long": _into_long(lambda x, out: torch.cumprod(x, 1, out=out)),
     "prod into long": _into_long(lambda x, out: torch.prod(x, 1, out=out)),
+    # dtype= converts the input first (1.003 is 1.0 in bf16): the sums were 1003 and 20
+    "sum, prod, cumsum, nansum with dtype=bfloat16": lambda d: torch.stack([
+        f(torch.full((1000,), 1.003, device=d)).float() for f in (
+            lambda t: t.sum(dtype=torch.bfloat16), lambda t: t.prod(dtype=torch.bfloat16),
+            lambda t: t.cumsum(0, dtype=torch.bfloat16)[-1],
+            lambda t: t.nansum(dtype=torch.bfloat16),
+            lambda t: (t - 0.0026).prod(dtype=torch.float16),  # (1.0004: 1.0 in fp16)
+            lambda t: torch.sum(t, 0, out=torch.empty((), dtype=torch.half, device=d)))]),
+    "ldexp past fp32's largest power of two": lambda d: torch.ldexp(
+        _t(d, [0.5, 0.75, 3.0, 1.0]), _t(d, [128, 129, -150, -149])),
+    "gather out= of the same dtype": lambda d: torch.gather(
+        torch.arange(4., device=d).view(2, 2), 1, _t(d, [[1], [0]]),
+        out=torch.empty(0, device=d)),
     "clamp with a NaN bound": lambda d: torch.clamp(_t(d, [1., 2.]), min=float("nan")),
     "maximum of +-0 ties": lambda d: 1 / torch.maximum(_t(d, [0.0, -0.0]), _t(d, [-0.0, 0.0])),
     "minimum of +-0 ties": lambda d: 1 / torch.minimum(_t(d, [0.0, -0.0]), _t(d, [-0.0, 0.0])),

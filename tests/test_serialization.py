@@ -37,6 +37,20 @@ def test_views_keep_sharing_memory_and_parameters_stay_parameters():
     assert loaded["p"].is_leaf and torch.equal(loaded["p"].detach().cpu(), p.detach())
 
 
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_the_legacy_format_loads_its_values_onto_neuron(weights_only):
+    # (Note [Legacy checkpoints]: its tensors are rebuilt before their bytes are read)
+    sd = {"w": torch.randn(3, 4), "v": torch.arange(6.0)[1:4], "n": torch.tensor(7)}
+    for saved, where in ((sd, "neuron"), ({k: v.to(N) for k, v in sd.items()}, None)):
+        buf = io.BytesIO()
+        torch.save(saved, buf, _use_new_zipfile_serialization=False)
+        buf.seek(0)
+        loaded = torch.load(buf, map_location=where, weights_only=weights_only)
+        for key, value in sd.items():
+            assert loaded[key].device == N
+            assert torch.equal(loaded[key].cpu(), value)
+
+
 def test_a_neuron_model_round_trips_with_every_map_location():
     model = torch.nn.Linear(3, 2).to(N)
     buf = _saved(model.state_dict())

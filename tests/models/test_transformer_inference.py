@@ -2,6 +2,7 @@
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import neuron_eager
 
@@ -121,3 +122,37 @@ def test_encoder_layer_fast_path_runs_natively(norm_first, activation):
             torch.testing.assert_close(ours(x.to(N), **_on(N, kwargs)).cpu(), cpu(x, **kwargs),
                                        rtol=1e-5, atol=2e-6)
     assert neuron_eager.get_fallback_ops() == {}
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_a_batch_row_of_padding_only_is_nan_as_on_the_cpu(need_weights):
+    torch.manual_seed(0)
+    cpu = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    ours = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    ours.load_state_dict(cpu.state_dict())
+    ours.to(N)
+    x = torch.randn(2, 3, 8)
+    y = x.to(N)  # (self-attention, one tensor: the fast path)
+    pad = torch.tensor([[False, False, True], [True, True, True]])
+    with torch.no_grad():
+        expected = cpu(x, x, x, key_padding_mask=pad, need_weights=need_weights)
+        got = ours(y, y, y, key_padding_mask=pad.to(N), need_weights=need_weights)
+    assert expected[0][1].isnan().all()
+    for g, e in zip(got, expected):
+        if e is not None:
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("mask", [torch.randn(5, 5), torch.rand(2, 3, 5, 5) > 0.3])
+def test_sdpa_applies_an_explicit_and_a_causal_mask_together(mask):
+    # (the CPU's flash kernel takes both; the math path other devices take refused them)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8, requires_grad=True) for _ in range(3))
+    ours = [t.detach().to(N).requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+    got = F.scaled_dot_product_attention(*ours, attn_mask=mask.to(N), is_causal=True)
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
+    expected.sum().backward()
+    got.sum().backward()
+    for a, b in zip((q, k, v), ours):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-5, atol=1e-6)

@@ -100,9 +100,20 @@ def test_var_std(dtype, seed):
     check_op(lambda t: t.var(1), one)  # n - correction == 0: NaN, as on CPU
 
 
-def test_var_large_offset_is_accurate():
-    x = torch.randn(1000) * 0.01 + 1000.0  # a naive sum of squares would lose all digits
-    check_op(torch.var, x, rtol=1e-3, atol=1e-6)
+def test_var_large_offset_is_accurate(seed):
+    # a naive sum of squares would lose all digits; a sequential fp32 mean of 1e5 values near
+    # 1e4 was off by 0.05, and the variance of this noise came out 20x too large
+    x = torch.randn(100_000) * 0.01 + 10000.3
+    exact_var, exact_mean = torch.var_mean(x.double())
+    var, mean = torch.var_mean(x.to("neuron"))
+    torch.testing.assert_close(var.cpu().double(), exact_var, rtol=2e-3, atol=0)
+    torch.testing.assert_close(mean.cpu().double(), exact_mean, rtol=1e-6, atol=0)
+    check_op(torch.var, x, rtol=2e-2, atol=0)  # (the CPU's own error is ~1% here)
+    columns = x.view(1000, 100).t()  # strided rows
+    torch.testing.assert_close(torch.std(columns.to("neuron"), 1).cpu().double(),
+                               torch.std(columns.double(), 1), rtol=2e-2, atol=0)
+    constant = torch.full((1000,), 1234.567)
+    assert torch.std(constant.to("neuron")).item() == torch.std(constant).item() == 0
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

@@ -136,7 +136,8 @@ def test_one_launch_per_kernel(seed):
 def test_masked_softmax_mask_types(mask_type, seed):
     x = torch.randn(2, 3, 5, 5)
     full = torch.rand(2, 3, 5, 5) > 0.6
-    full[..., 0] = False  # no row masked out entirely (the CPU leaves those undefined)
+    full[..., 0] = False
+    full[0, 0, 1] = full[1, 0, 0] = True  # rows masked out entirely: NaN, as on the CPU
     mask = {0: full[0, 0], 1: full[:, 0, 0], 2: full}[mask_type]
     check_op(lambda t, m: torch._masked_softmax(t, m, 3, mask_type), x, mask)
     if mask_type == 2:  # along another dim
