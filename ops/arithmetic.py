@@ -50,6 +50,8 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             i = operands + j
             values.append(args[i] if i < len(args) else kwargs.get(pname, default))
         operands_ = args[:operands]
+        if values and params[0][0] == "alpha" and type(values[0]) is not int:
+            numerics.check_alpha(values[0], E.result_type(*operands_))
         if round_scalars:
             operands_, values = _rounded(operands_, values)
         return operands_, values

@@ -199,8 +199,14 @@ def _preserved_strides(x):
     return tuple(compute_elementwise_output_strides(meta))
 
 
+_RANKS = ((torch.channels_last, 4, "channels_last"), (torch.channels_last_3d, 5, "channels_last_3d"))
+
+
 def _memory_format_strides(shape, memory_format):
-    """Strides of a memory format (None: contiguous)."""
+    """Strides of a memory format (None: contiguous); the CPU's error for a rank it needs."""
+    for fmt, rank, name in _RANKS:
+        if memory_format == fmt and len(shape) != rank:
+            raise RuntimeError(f"required rank {rank} tensor to use {name} format")
     if memory_format == torch.channels_last and len(shape) == 4:
         n, c, h, w = shape
         return (h * w * c, 1, w * c, c)

@@ -170,7 +170,19 @@ def eye_out(n, m=None, *, out):
 
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     meta = _meta(aten.full.default, (size, fill_value), dict(dtype=dtype, layout=layout))
+    if T.numel(meta.shape) == 1:
+        fill_value = _past_16_bits(fill_value, meta.dtype)
     return C.fill(_empty_for(meta), fill_value)
+
+
+def _past_16_bits(value, dtype):
+    """A one-element full (scalar_tensor too) rounds a value past fp16's or bf16's largest one
+    as a cast does on the CPU (to it, or to inf), where larger fills raise: `x16[mask] = 70000`
+    and `where(mask, half_scores, -1e9)` write inf, -inf."""
+    if dtype in (torch.float16, torch.bfloat16) and type(value) in (int, float) and \
+            abs(value) > torch.finfo(dtype).max:
+        return torch.tensor(value, dtype=torch.float64).to(dtype).item()
+    return value
 
 
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
@@ -218,11 +230,7 @@ def _tri_indices(op, lower):
 
 
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
-    dtype = dtype or torch.get_default_dtype()
-    if dtype.is_floating_point and isinstance(s, float) and abs(s) > torch.finfo(dtype).max:
-        # the CPU casts here where fill_ checks: where(mask, half_scores, -1e9) masks with -inf
-        s = torch.tensor(s, dtype=torch.float64).to(dtype).item()
-    return full((), s, dtype=dtype, layout=layout)
+    return full((), s, dtype=dtype or torch.get_default_dtype(), layout=layout)
 
 
 def _local_scalar_dense(x):

@@ -10,6 +10,7 @@ Every conversion here is bit-exact against `torch.Tensor.to` (tested).
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -350,8 +351,9 @@ _C_NAMES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t"
 
 def check_fits(value, dtype: torch.dtype) -> None:
     """Raise as c10 does where an op converts a Python scalar to `dtype` with a check (fill,
-    clamp, masked_fill): integers out of the type's range (an unsigned type takes -max..max,
-    as c10 allows), finite floats beyond its largest value. Infinities and NaN fit floats."""
+    clamp, masked_fill, index_fill): integers out of the type's range (an unsigned type takes
+    integers from -max, floats from 0, as c10 allows), finite floats beyond its largest value.
+    Infinities and NaN fit floats."""
     if dtype == torch.bool or dtype == torch.float64 or isinstance(value, bool):
         return
     if isinstance(value, complex):  # c10 converts a complex scalar with no imaginary part
@@ -367,10 +369,24 @@ def check_fits(value, dtype: torch.dtype) -> None:
         return
     if dtype in _C_NAMES:
         info = torch.iinfo(dtype)
-        low = -info.max if info.min == 0 else info.min
+        # (c10 lets an integer into an unsigned type from -max, a float only from 0)
+        low = -info.max if info.min == 0 and not isinstance(value, float) else info.min
         if isinstance(value, float) and not math.isfinite(value) or not low <= value <= info.max:
             raise RuntimeError(f"value cannot be converted to type {_C_NAMES[dtype]} without "
                                f"overflow")
+
+
+def check_alpha(alpha, dtype: torch.dtype) -> None:
+    """The CPU's checks of add's and sub's alpha against the result's dtype (an integer result
+    would silently truncate a float alpha)."""
+    if isinstance(alpha, bool) and dtype != torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if isinstance(alpha, complex):
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex "
+                           "number.")
+    if not dtype.is_floating_point and not isinstance(alpha, numbers.Integral):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating "
+                           "point number.")
 
 
 def encode_scalar(value, dtype: torch.dtype):
@@ -459,8 +475,20 @@ def fold_lanes(lanes, used):
         lanes[1] += lanes[3]
     if used > 1:
         lanes[0] += lanes[1]
-    total = lanes[0]
-    return total if total == total else _QUIET_NAN
+    return quiet_nan(lanes[0])
+
+
+def quiet_nan(x):
+    """x, with any NaN made the one quiet NaN (Note [Sum order]); integers as they are (a
+    select against a float NaN would make an integer sum a float, whose int32 store then
+    saturated where the CPU's wraps)."""
+
+
+@overload(quiet_nan, inline="always")
+def _quiet_nan(x):
+    if isinstance(x, types.Float):
+        return lambda x: x if x == x else _QUIET_NAN
+    return lambda x: x
 
 
 @njit(inline="always")

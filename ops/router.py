@@ -295,6 +295,8 @@ def _check_overlap(outs, args, kwargs) -> None:
 def _run_inplace(functional, pointwise, func, args, kwargs):
     if pointwise:
         _check_overlap(args[:1], args[1:], kwargs)
+    elif T.shares_memory(args[:1], tree_flatten((args[1:], kwargs))[0]):
+        T.overlap_like_cpu(func, args, kwargs)
     result = functional(*args, **kwargs)
     write_result(args[0], result, "inplace")
     return args[0]
@@ -312,6 +314,8 @@ def _run_out(functional, pointwise, func, args, kwargs):
         if len(outs) == 1 and type(outs[0]) is NeuronTensor and \
                 _elementwise_into(functional, args, kwargs, outs[0]):
             return outs[0]
+    elif T.shares_memory(outs, tree_flatten((args, kwargs))[0]):
+        T.overlap_like_cpu(func, args, {**kwargs, **dict(zip(names, outs))})
     result = functional(*args, **kwargs)
     results = (result,) if len(outs) == 1 else tuple(result)
     for dst, res in zip(outs, results):

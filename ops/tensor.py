@@ -651,6 +651,48 @@ def cpu_refusal(op, *args, **kwargs):
     raise RuntimeError(f"{op}: these arguments are not supported on neuron")
 
 
+def shares_memory(written, others) -> bool:
+    """Whether a tensor of `others` lies in the memory of one of `written`."""
+    storages = {id(w.__dict__.get("_storage")) for w in written if type(w) is NeuronTensor}
+    return any(type(a) is NeuronTensor and id(a.__dict__.get("_storage")) in storages
+               for a in others)
+
+
+def cpu_mirror(values):
+    """CPU copies of the neuron tensors in the pytree `values` that overlap one another as the
+    device tensors do: one copy of each storage's bytes, each tensor a view of its copy. (For
+    asking the CPU what it makes of aliasing arguments without touching device memory.)"""
+    copies: dict = {}
+
+    def down(x):
+        if type(x) is not NeuronTensor:
+            return x
+        storage = x._storage
+        if not storage.nbytes:
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
+        base = copies.get(id(storage))
+        if base is None:
+            raw = np.frombuffer(storage.buffer, np.uint8, storage.nbytes)
+            base = copies[id(storage)] = torch.from_numpy(raw.copy())
+        return base.view(x.dtype).as_strided(x.shape, x.stride(), x.storage_offset())
+
+    return tree_map(down, values)
+
+
+# Note [Writes into their own inputs]
+# Elementwise ops check the overlap of what they write with what they read as TensorIterator
+# does (the router's _check_overlap). Other ops check it their own way on the CPU: gather,
+# index_select, cat and the index writes (index_copy_, scatter_, put_, x[idx] = x[:2]) refuse
+# any overlap, scans a partial one, mm and sum none. So where an op writes memory that another
+# argument lies in, the CPU runs the call once on copies that overlap the same way
+# (cpu_mirror), and its error, if it has one, is ours; else our kernel runs as usual.
+def overlap_like_cpu(op, args, kwargs) -> None:
+    """Raise the CPU's error for a call whose written tensor aliases another argument."""
+    cpu_args, cpu_kwargs = cpu_mirror((args, kwargs))
+    with torch._C._DisableTorchDispatch():
+        op(*cpu_args, **cpu_kwargs)
+
+
 def cpu_alias(t: NeuronTensor) -> torch.Tensor:
     """A CPU tensor that shares the HBM bytes of `t` (no copy): writes go to the device."""
     arr = t._nd

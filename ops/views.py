@@ -112,11 +112,13 @@ def view_metadata(func, x, args, kwargs):
 
 
 def normal_views_of(x):
-    """A context for making views of `x`: inside torch.inference_mode, a view of a normal
-    tensor is a normal tensor, as on the CPU (autograd then gives it x's version counter,
-    which an inference tensor cannot take)."""
-    if torch.is_inference_mode_enabled() and not x.is_inference():
-        return torch.inference_mode(False)
+    """A context for making views of `x`: a view is an inference tensor exactly when x is, as
+    on the CPU. Inside torch.inference_mode a view of a normal tensor is normal (autograd gives
+    it x's version counter, which an inference tensor cannot take); outside, a view of an
+    inference tensor is one (so autograd refuses to save it, and in-place updates raise)."""
+    inference = x.is_inference()
+    if torch.is_inference_mode_enabled() != inference:
+        return torch.inference_mode(inference)
     return contextlib.nullcontext()
 
 
@@ -411,3 +413,12 @@ def channel_shuffle(x, groups):
     rest = list(x.shape[2:])
     order = [0, 2, 1] + list(range(3, 3 + len(rest)))
     return _shuffle(x, [n, groups, c // groups] + rest, order, [n, c] + rest)
+
+
+@register(aten.is_set_to.default)
+def is_set_to(x, other):
+    """Whether x and other are the same view of the same memory (their storage, offset,
+    sizes and strides), as the CPU answers it."""
+    return type(other) is NeuronTensor and x._storage is other._storage and \
+        x.storage_offset() == other.storage_offset() and x.shape == other.shape and \
+        x.stride() == other.stride()

@@ -206,6 +206,30 @@ ERRORS = {
     "gather with a float index": lambda d: torch.gather(torch.ones(2, 2, device=d), 1,
                                                         _t(d, [[0.], [1.]])),
     "matrix_power of int64 to -1": lambda d: _t(d, [[1, 0], [0, 1]]).matrix_power(-1),
+    "add of ints with a float alpha": lambda d: torch.add(_t(d, [1, 2]), _t(d, [1, 2]),
+                                                          alpha=2.5),
+    "add of floats with a bool alpha": lambda d: torch.add(_t(d, [1., 2]), 1, alpha=True),
+    # writes into memory an argument lies in (Note [Writes into their own inputs])
+    "x[idx] = part of x": lambda d: _setitem(torch.arange(8., device=d), _t(d, [1, 2]),
+                                             lambda x: x[:2]),
+    "index_add_ from itself": lambda d: (lambda x: x.index_add_(0, _t(d, [1, 2]), x[:2]))(
+        torch.arange(8., device=d)),
+    "scatter_ from itself": lambda d: (lambda x: x.scatter_(0, _t(d, [1, 2]), x[:2]))(
+        torch.arange(8., device=d)),
+    "gather out= its input": lambda d: (lambda x: torch.gather(x, 0, _t(d, [1, 0]), out=x))(
+        torch.arange(2., device=d)),
+    # values that do not fit the written dtype
+    "index_fill of float16 past its range": lambda d: torch.zeros(3, dtype=torch.half,
+                                                                 device=d).index_fill(
+        0, _t(d, [0]), 70000.),
+    "masked_fill of uint8 with a negative float": lambda d: torch.zeros(
+        2, dtype=torch.uint8, device=d).masked_fill(_t(d, [True, False]), -1.7),
+    "scalar_tensor past float32's range": lambda d: torch.scalar_tensor(1e39, device=d),
+    "full of float16 past its range": lambda d: torch.full((2,), 70000, dtype=torch.half,
+                                                           device=d),
+    "channels_last of a 3-d tensor": lambda d: torch.ones(2, 3, 4, device=d).contiguous(
+        memory_format=torch.channels_last),
+    "an inference tensor's view updated outside inference_mode": lambda d: _inference(d)[0].add_(1),
     "heaviside of float32 and float64": lambda d: torch.heaviside(
         _t(d, [1., 0.]), _t(d, [0.5], dtype=torch.float64)),
     "cdist of float32 and float64": lambda d: torch.cdist(
@@ -221,6 +245,16 @@ ERRORS = {
         torch.ones(2, 2, device=d), 1, _t(d, [[0], [1]]),
         out=torch.empty(0, dtype=torch.half, device=d)),
 }
+
+
+def _setitem(x, index, value_of):
+    x[index] = value_of(x)
+    return x
+
+
+def _inference(device):
+    with torch.inference_mode():
+        return torch.ones(2, 3, device=device)
 
 
 def _image(device):
@@ -278,6 +312,15 @@ VALUES = {
             lambda t: t.nansum(dtype=torch.bfloat16),
             lambda t: (t - 0.0026).prod(dtype=torch.float16),  # (1.0004: 1.0 in fp16)
             lambda t: torch.sum(t, 0, out=torch.empty((), dtype=torch.half, device=d)))]),
+    "int32 sums that overflow wrap": lambda d: torch.stack([
+        torch.full((5,), 2 ** 30, dtype=torch.int32, device=d).sum(dtype=torch.int32),
+        torch.full((100000,), 30000, dtype=torch.int32, device=d).sum(dtype=torch.int32)]),
+    "float16 x[i] = 70000 and full((1,), 70000) store inf": lambda d: torch.cat([
+        _setitem(torch.zeros(2, dtype=torch.half, device=d), 0, lambda x: 70000),
+        torch.full((1,), 70000, dtype=torch.half, device=d)]),
+    "is_set_to": lambda d: (lambda x: torch.tensor([x.is_set_to(x), x.is_set_to(x[:]),
+                                                    x.is_set_to(x[1:]), x.is_set_to(x.t())]))(
+        torch.ones(3, 3, device=d)),
     "ldexp past fp32's largest power of two": lambda d: torch.ldexp(
         _t(d, [0.5, 0.75, 3.0, 1.0]), _t(d, [128, 129, -150, -149])),
     "gather out= of the same dtype": lambda d: torch.gather(
