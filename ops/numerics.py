@@ -484,10 +484,14 @@ def quiet_nan(x):
     saturated where the CPU's wraps)."""
 
 
-@overload(quiet_nan, inline="always")
+@overload(quiet_nan)
 def _quiet_nan(x):
     if isinstance(x, types.Float):
-        return lambda x: x if x == x else _QUIET_NAN
+        def quiet(x):
+            if x != x:
+                return _QUIET_NAN
+            return x
+        return quiet
     return lambda x: x
 
 

@@ -652,8 +652,10 @@ def cpu_refusal(op, *args, **kwargs):
 
 
 def shares_memory(written, others) -> bool:
-    """Whether a tensor of `others` lies in the memory of one of `written`."""
+    """Whether a tensor of `others` lies in the memory of one of `written` (tensors pending in
+    adaptive eager have no memory yet: they share none)."""
     storages = {id(w.__dict__.get("_storage")) for w in written if type(w) is NeuronTensor}
+    storages.discard(id(None))
     return any(type(a) is NeuronTensor and id(a.__dict__.get("_storage")) in storages
                for a in others)
 
