@@ -382,7 +382,7 @@ def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory
 
 @honours_device(aten.new_empty.default)
 def new_empty(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return T.empty(size, _like_dtype(x, dtype))
+    return T.empty(T.requested_shape(size), _like_dtype(x, dtype))
 
 
 @honours_device(aten.new_empty_strided.default)
@@ -392,17 +392,17 @@ def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, 
 
 @honours_device(aten.new_zeros.default)
 def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return fill(T.empty(size, _like_dtype(x, dtype)), 0)
+    return fill(T.empty(T.requested_shape(size), _like_dtype(x, dtype)), 0)
 
 
 @honours_device(aten.new_ones.default)
 def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return fill(T.empty(size, _like_dtype(x, dtype)), 1)
+    return fill(T.empty(T.requested_shape(size), _like_dtype(x, dtype)), 1)
 
 
 @honours_device(aten.new_full.default)
 def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return fill(T.empty(size, _like_dtype(x, dtype)), fill_value)
+    return fill(T.empty(T.requested_shape(size), _like_dtype(x, dtype)), fill_value)
 
 
 @register(aten.record_stream.default)

@@ -78,6 +78,7 @@ def _empty_for(meta) -> T.NeuronTensor:
 def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
                         memory_format=None):
     _check_layout(layout)
+    size = T.requested_shape(size)
     dtype = dtype or torch.get_default_dtype()
     T.check_dtype(dtype)
     C.warn_float64(dtype)

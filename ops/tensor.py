@@ -596,6 +596,17 @@ def c_contiguous(shape, stride) -> bool:
     return True
 
 
+def requested_shape(size) -> tuple:
+    """A size asked of a factory, refused as the CPU refuses a negative dimension (the
+    wrapper subclass would say "numel: integer multiplication overflow")."""
+    size = tuple(size)
+    for n in size:
+        if n < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {n}: "
+                               f"{list(size)}")
+    return size
+
+
 def empty(shape, dtype: torch.dtype, stride=None) -> NeuronTensor:
     """A new tensor in fresh HBM (contiguous unless `stride` is given)."""
     shape = tuple(shape)

@@ -227,6 +227,9 @@ ERRORS = {
     "scalar_tensor past float32's range": lambda d: torch.scalar_tensor(1e39, device=d),
     "full of float16 past its range": lambda d: torch.full((2,), 70000, dtype=torch.half,
                                                            device=d),
+    "empty of a negative size": lambda d: torch.empty(2, -1, -5, device=d),
+    "randn of a negative size": lambda d: torch.randn(3, -1, device=d),
+    "new_full of a negative size": lambda d: torch.ones(3, device=d).new_full((2, -1), 3.),
     "channels_last of a 3-d tensor": lambda d: torch.ones(2, 3, 4, device=d).contiguous(
         memory_format=torch.channels_last),
     "an inference tensor's view updated outside inference_mode": lambda d: _inference(d)[0].add_(1),
