@@ -179,14 +179,14 @@ def index_put(x, indices, values, accumulate=False):
 @register(aten.index_put_.default)
 def index_put_(x, indices, values, accumulate=False):
     if T.shares_memory([x], [values, *indices]):  # Note [Writes into their own inputs]
-        T.overlap_like_cpu(aten.index_put_.default, (x, indices, values, accumulate), {})
+        T.run_on_cpu(aten.index_put_.default, (x, indices, values, accumulate), {})
     return _index_put_into(x, indices, values, accumulate)
 
 
 @register(aten._index_put_impl_.default)
 def _index_put_impl_(x, indices, values, accumulate=False, unsafe=False):
     if T.shares_memory([x], [values, *indices]):
-        T.overlap_like_cpu(aten._index_put_impl_.default, (x, indices, values, accumulate,
+        T.run_on_cpu(aten._index_put_impl_.default, (x, indices, values, accumulate,
                                                             unsafe), {})
     return _index_put_into(x, indices, values, accumulate)
 

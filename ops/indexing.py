@@ -483,7 +483,7 @@ def _index_add(x, dim, index, source, alpha):
 def index_copy_(x, dim, index, source):
     T.check_no_internal_overlap(x)  # (the CPU's checks; PyTorch's decomposition has none)
     if T.shares_memory([x], [index, source]):  # Note [Writes into their own inputs]
-        T.overlap_like_cpu(aten.index_copy_.default, (x, dim, index, source), {})
+        T.run_on_cpu(aten.index_copy_.default, (x, dim, index, source), {})
     _check_index_copy(x, dim, index, source)
     return decomposition_table[aten.index_copy_.default](x, dim, index, source)
 
@@ -533,7 +533,7 @@ def index_add_(x, dim, index, source, *, alpha=1):
     x1, s1, dim, index = _index_add(x, dim, index, source, alpha)
     T.check_no_internal_overlap(x)
     if T.shares_memory([x], [index, source]):  # Note [Writes into their own inputs]
-        T.overlap_like_cpu(aten.index_add_.default, (x, dim, index, source), {"alpha": alpha})
+        T.run_on_cpu(aten.index_add_.default, (x, dim, index, source), {"alpha": alpha})
     if x.dtype in (torch.bfloat16, torch.float16) or s1._storage is x1._storage:
         acc = accumulator(x1)  # fp32 (or a copy safe from aliasing), written back once
         put_reduce(acc, s1, dim, index, s1.shape, s1.stride(), _dim_only(index, s1.dim(), dim),

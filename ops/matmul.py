@@ -14,6 +14,7 @@ from neuron_eager.device_sim import config, core
 from neuron_eager.ops import blas_threads, numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
+from neuron_eager.ops.meta import in_cpu_words
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -420,15 +421,9 @@ def rate(dtype: torch.dtype) -> str:
 
 # -- checks ----------------------------------------------------------------------------------
 def raise_like_cpu(op, *args, **kwargs):
-    """Raise the error the CPU raises for these arguments (run on stride-0 stand-ins)."""
-
-    def stand_in(x):
-        if isinstance(x, NeuronTensor):
-            return torch.zeros((), dtype=x.dtype).expand(x.shape)
-        return x
-
-    with torch._C._DisableTorchDispatch():
-        op(*[stand_in(x) for x in args], **{k: stand_in(v) for k, v in kwargs.items()})
+    """Raise the error the CPU raises for these arguments (run on stand-ins without memory:
+    Note [Errors in the CPU's words] in ops/meta.py)."""
+    in_cpu_words(op, args, kwargs)
     raise RuntimeError(f"{op}: these arguments are not supported on neuron")
 
 

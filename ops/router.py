@@ -296,7 +296,7 @@ def _run_inplace(functional, pointwise, func, args, kwargs):
     if pointwise:
         _check_overlap(args[:1], args[1:], kwargs)
     elif T.shares_memory(args[:1], tree_flatten((args[1:], kwargs))[0]):
-        T.overlap_like_cpu(func, args, kwargs)
+        T.run_on_cpu(func, args, kwargs)
     result = functional(*args, **kwargs)
     write_result(args[0], result, "inplace")
     return args[0]
@@ -315,7 +315,7 @@ def _run_out(functional, pointwise, func, args, kwargs):
                 _elementwise_into(functional, args, kwargs, outs[0]):
             return outs[0]
     elif T.shares_memory(outs, tree_flatten((args, kwargs))[0]):
-        T.overlap_like_cpu(func, args, {**kwargs, **dict(zip(names, outs))})
+        T.run_on_cpu(func, args, {**kwargs, **dict(zip(names, outs))})
     result = functional(*args, **kwargs)
     results = (result,) if len(outs) == 1 else tuple(result)
     for dst, res in zip(outs, results):
@@ -333,15 +333,11 @@ def _run_out(functional, pointwise, func, args, kwargs):
 # Elementwise ops and sums cast their result into out's dtype; most other ops (matmuls, sorts,
 # the index outs of max/topk, gather, linalg) require out's own dtype, and where they do the
 # CPU raises. Which is which is the CPU kernel's business, so when the dtypes differ the
-# call runs on the CPU once (over aliases of the inputs, into scratch outs of the given
-# dtypes): its error is raised as ours; if it accepts, our result is cast into out.
+# call runs on the CPU once (T.run_on_cpu, into scratch outs of the given dtypes): its
+# error is raised as ours; if it accepts, our result is cast into out.
 def _out_dtype_like_cpu(func, names, outs, args, kwargs) -> None:
-    def down(x):
-        return T.cpu_alias(x) if isinstance(x, NeuronTensor) else x
-
     scratch = {n: torch.empty(dst.shape, dtype=dst.dtype) for n, dst in zip(names, outs)}
-    with torch._C._DisableTorchDispatch():
-        func(*tree_map(down, args), **tree_map(down, kwargs), **scratch)
+    T.run_on_cpu(func, args, {**kwargs, **scratch})
 
 
 # Sums, products and scans with `out=` and no dtype take out's dtype as theirs (sum of floats

@@ -649,16 +649,10 @@ def flat(t: NeuronTensor) -> np.ndarray:
 
 
 def cpu_refusal(op, *args, **kwargs):
-    """Raise the error the CPU raises for this call of a functional op, found by running it
-    over zero-copy aliases of the device tensors (their values too: some checks read them).
-    For calls a cheap test found bad: the CPU raises before it works, or works once on an
-    error path."""
-    def down(x):
-        return cpu_alias(x) if type(x) is NeuronTensor else \
-            [down(y) for y in x] if isinstance(x, (list, tuple)) else x
-
-    with torch._C._DisableTorchDispatch():
-        op(*[down(a) for a in args], **{k: down(v) for k, v in kwargs.items()})
+    """Raise the error the CPU raises for this call of an op, found by running it on copies of
+    the device tensors (their values too: some checks read them). For calls a cheap test
+    found bad: the CPU raises before it works, or works once on an error path."""
+    run_on_cpu(op, args, kwargs)
     raise RuntimeError(f"{op}: these arguments are not supported on neuron")
 
 
@@ -698,9 +692,10 @@ def cpu_mirror(values):
 # index_select, cat and the index writes (index_copy_, scatter_, put_, x[idx] = x[:2]) refuse
 # any overlap, scans a partial one, mm and sum none. So where an op writes memory that another
 # argument lies in, the CPU runs the call once on copies that overlap the same way
-# (cpu_mirror), and its error, if it has one, is ours; else our kernel runs as usual.
-def overlap_like_cpu(op, args, kwargs) -> None:
-    """Raise the CPU's error for a call whose written tensor aliases another argument."""
+# (run_on_cpu), and its error, if it has one, is ours; else our kernel runs as usual.
+def run_on_cpu(op, args, kwargs) -> None:
+    """Run a call once on the CPU, over copies of its device tensors that overlap as they do
+    (cpu_mirror): its error, if it has one, is raised; device memory is not touched."""
     cpu_args, cpu_kwargs = cpu_mirror((args, kwargs))
     with torch._C._DisableTorchDispatch():
         op(*cpu_args, **cpu_kwargs)
