@@ -90,7 +90,7 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
     dtype = dtype or torch.get_default_dtype()
     T.check_dtype(dtype)
     C.warn_float64(dtype)
-    return T.empty(size, dtype, stride)
+    return T.empty(T.requested_shape(size), dtype, stride)
 
 
 def _check_layout(layout):
@@ -187,6 +187,8 @@ def _past_16_bits(value, dtype):
 
 
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if any(n < 0 for n in size):  # (the CPU's zeros words its refusal apart)
+        raise RuntimeError("zeros: Dimension size must be non-negative.")
     return full(size, 0, dtype=dtype or torch.get_default_dtype(), layout=layout)
 
 

@@ -529,7 +529,7 @@ def randperm_out(n, *, out):
 
 def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
     check_generator(generator)
-    return randperm_into(T.empty((n,), dtype or torch.int64), n)
+    return randperm_into(T.empty(T.requested_shape((n,)), dtype or torch.int64), n)
 
 
 _lib = torch.library.Library("aten", "IMPL")

@@ -230,6 +230,9 @@ ERRORS = {
     "empty of a negative size": lambda d: torch.empty(2, -1, -5, device=d),
     "randn of a negative size": lambda d: torch.randn(3, -1, device=d),
     "new_full of a negative size": lambda d: torch.ones(3, device=d).new_full((2, -1), 3.),
+    "zeros of a negative size": lambda d: torch.zeros(2, -3, device=d),
+    "empty_strided of a negative size": lambda d: torch.empty_strided((2, -3), (1, 1), device=d),
+    "randperm of a negative size": lambda d: torch.randperm(-2, device=d),
     "channels_last of a 3-d tensor": lambda d: torch.ones(2, 3, 4, device=d).contiguous(
         memory_format=torch.channels_last),
     "an inference tensor's view updated outside inference_mode": lambda d: _inference(d)[0].add_(1),
