@@ -300,9 +300,7 @@ def _out_of_bounds(k):
 
 
 def _check_nll(self, target, weight, spatial: bool):
-    if target.dtype not in (torch.int64, torch.uint8):
-        raise RuntimeError(f"expected target dtype to be Long or Byte, but got "
-                           f"{_dtype_name(target.dtype)}")
+    # the CPU's order: ranks, then the target's dtype, then sizes and the weight
     if spatial:
         if target.dim() != 3:
             raise RuntimeError("only batches of spatial targets supported (3D tensors) but got "
@@ -310,19 +308,25 @@ def _check_nll(self, target, weight, spatial: bool):
         if self.dim() != 4:
             raise RuntimeError("only batches of spatial inputs supported (4D tensors), but got "
                                f"input of dimension: {self.dim()}")
-        if (self.shape[0], *self.shape[2:]) != tuple(target.shape):
-            raise RuntimeError(f"size mismatch (got input: {list(self.shape)} , target: "
-                               f"{list(target.shape)}")
     else:
         if not 1 <= self.dim() <= 2:
             raise RuntimeError("input tensor should be 1D or 2D")
         if target.dim() > 1:
             raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
-        if not (self.dim() == 1 and target.dim() == 0) and (
-                target.dim() == 0 or self.shape[0] != target.shape[0]):
-            raise RuntimeError(f"size mismatch (got input: {list(self.shape)}, target: "
-                               f"{list(target.shape)})")
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got "
+                           f"{_dtype_name(target.dtype)}")
     classes = self.shape[-1] if self.dim() == 1 else self.shape[1]
+    if spatial:
+        if weight is not None and weight.numel() != classes:
+            raise RuntimeError("weight tensor should be defined either for all or no classes")
+        if (self.shape[0], *self.shape[2:]) != tuple(target.shape):
+            raise RuntimeError(f"size mismatch (got input: {list(self.shape)} , target: "
+                               f"{list(target.shape)}")
+    elif not (self.dim() == 1 and target.dim() == 0) and (
+            target.dim() == 0 or self.shape[0] != target.shape[0]):
+        raise RuntimeError(f"size mismatch (got input: {list(self.shape)}, target: "
+                           f"{list(target.shape)})")
     if weight is not None:
         if weight.numel() != classes:
             raise RuntimeError(f"weight tensor should be defined either for all {classes} "

@@ -231,6 +231,13 @@ ERRORS = {
     "randn of a negative size": lambda d: torch.randn(3, -1, device=d),
     "new_full of a negative size": lambda d: torch.ones(3, device=d).new_full((2, -1), 3.),
     "zeros of a negative size": lambda d: torch.zeros(2, -3, device=d),
+    "cross_entropy with a float target of another shape": lambda d: F.cross_entropy(
+        torch.ones(4, 5, device=d), torch.ones(4, 6, device=d)),
+    "nll_loss with a float target and a wrong weight": lambda d: F.nll_loss(
+        torch.ones(4, 5, device=d), torch.ones(4, device=d), weight=torch.ones(3, device=d)),
+    "nll_loss 2-D with a wrong weight and target": lambda d: F.nll_loss(
+        torch.ones(2, 5, 3, 3, device=d), torch.zeros(2, 3, 4, dtype=torch.long, device=d),
+        weight=torch.ones(2, device=d)),
     "empty_strided of a negative size": lambda d: torch.empty_strided((2, -3), (1, 1), device=d),
     "randperm of a negative size": lambda d: torch.randperm(-2, device=d),
     "channels_last of a 3-d tensor": lambda d: torch.ones(2, 3, 4, device=d).contiguous(
