@@ -98,6 +98,7 @@ def install_backward_errors(errors) -> None:
         return
 
     def _engine_run_backward(*args, **kwargs):
+        errors.check_root_gradients(args[0], args[1] if len(args) > 1 else None)
         since = errors.mark()
         try:
             result = run(*args, **kwargs)
@@ -133,6 +134,17 @@ def install_backward_errors(errors) -> None:
         saved_init(self, pack_hook, errors.guarded_unpack(unpack_hook))
 
     saved.__init__ = saved_tensors_hooks_init
+
+    # custom autograd.Functions' backward: the engine's device check skips Python subclasses
+    node = torch.autograd.function.BackwardCFunction
+    node_apply = node.apply
+
+    def apply(self, *args):
+        result = node_apply(self, *args)
+        errors.check_function_gradients(self, result)
+        return result
+
+    node.apply = apply
 
 
 def install_compile_shim() -> None:

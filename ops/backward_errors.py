@@ -152,3 +152,44 @@ def claim_hook_error(since: int) -> BaseException | None:
     with _lock:
         kept = [_from_hooks.pop(t) for t in sorted(t for t in _from_hooks if t > since)]
     return kept[0] if kept else None
+
+
+# Note [Gradients on another device]
+# torch's engine checks that a gradient lies on its tensor's device only for tensors of C++
+# devices (validate_outputs skips Python subclasses), so a CPU gradient given to
+# `y.backward()` / `autograd.grad()` for a neuron `y`, or returned by a custom Function's
+# backward, reached the leaves as a CPU `.grad`, and the error came at optimizer.step().
+# The two entry points check as the engine does for CUDA, in its words; a 0-dim gradient
+# is a scalar there too.
+def _wrong_device(grad, device) -> bool:
+    return isinstance(grad, torch.Tensor) and grad.dim() > 0 and grad.device != device and \
+        "neuron" in (grad.device.type, device.type)
+
+
+def check_root_gradients(outputs, gradients) -> None:
+    """The engine's check of the gradients given for `outputs`."""
+    if gradients is None:
+        return
+    for i, (out, grad) in enumerate(zip(outputs, gradients)):
+        if isinstance(out, torch.Tensor) and _wrong_device(grad, out.device):
+            raise RuntimeError(f"invalid gradient at index {i} - expected device {out.device} "
+                               f"but got {grad.device}")
+
+
+def check_function_gradients(node, grads) -> None:
+    """The engine's check of what a custom Function's backward (`node`) returned. Its edges
+    are those of the forward's tensor arguments only: with other arguments too (their
+    gradients are None) each gradient is checked against the edges' one device, if one."""
+    if not isinstance(grads, tuple):
+        grads = (grads,)
+    devices = [None if edge is None else edge._input_metadata[nr].device
+               for edge, nr in node.next_functions]
+    if len(grads) != len(devices):
+        known = {d for d in devices if d is not None}
+        if len(known) != 1:
+            return
+        devices = [known.pop()] * len(grads)
+    for i, (device, grad) in enumerate(zip(devices, grads)):
+        if device is not None and _wrong_device(grad, device):
+            raise RuntimeError(f"Function {type(node).__name__} returned an invalid gradient "
+                               f"at index {i} - expected device {device} but got {grad.device}")

@@ -203,6 +203,12 @@ def check_no_partial_overlap(out: "NeuronTensor", a: "NeuronTensor") -> None:
                            "the tensor before performing the operation.")
 
 
+_DEEPCOPY_NON_LEAF = (
+    "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol "
+    "at the moment.  If you were attempting to deepcopy a module, this may be because of a "
+    "torch.nn.utils.weight_norm usage, see https://github.com/pytorch/pytorch/pull/103001")
+
+
 class NeuronTensor(torch.Tensor):
     """A tensor on the simulated NeuronCore (device `neuron:0`).
 
@@ -369,6 +375,8 @@ class NeuronTensor(torch.Tensor):
     def __deepcopy__(self, memo):
         # as on the CPU: views of one memory stay views of one new memory, and a Parameter's
         # copy is a new Parameter without .grad (a plain tensor's copy keeps its grad)
+        if not self.is_leaf:
+            raise RuntimeError(_DEEPCOPY_NON_LEAF)
         if id(self) in memo:
             return memo[id(self)]
         memory = self._storage

@@ -120,3 +120,31 @@ def test_an_error_in_double_backward(monkeypatch):
     _failing(monkeypatch, torch.ops.aten.tanh_backward.default, ValueError("second order"))
     with pytest.raises(ValueError, match="second order"):
         g.sum().backward()
+
+
+class _CpuGradient(torch.autograd.Function):
+    """A user's bug: backward moves the gradient of `b` off its device."""
+
+    @staticmethod
+    def forward(ctx, a, k, b):
+        return a * k + b
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None, g.cpu()
+
+
+def test_gradients_on_another_device_raise_at_their_source():
+    # the engine's check, which it skips for Python subclasses (Note [Gradients on another
+    # device]); before, the leaves got a CPU .grad and optimizer.step() raised
+    x = torch.randn(3, device=NEURON, requires_grad=True)
+    with pytest.raises(RuntimeError, match="expected device neuron:0 but got cpu"):
+        x.view(3).backward(torch.ones(3))
+    with pytest.raises(RuntimeError, match="invalid gradient at index 1"):
+        torch.autograd.grad([x.sum(), x * 1], x, [None, torch.ones(3)])
+    b = torch.randn(3, device=NEURON, requires_grad=True)
+    with pytest.raises(RuntimeError, match="returned an invalid gradient at index 2"):
+        _CpuGradient.apply(x, 2, b).sum().backward()
+    assert x.grad is None and b.grad is None
+    (x * 3).sum().backward(torch.tensor(2.))  # a 0-dim CPU gradient is a scalar, as on CUDA
+    torch.testing.assert_close(x.grad.cpu(), torch.full((3,), 6.))

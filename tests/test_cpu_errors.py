@@ -231,6 +231,8 @@ ERRORS = {
     "randn of a negative size": lambda d: torch.randn(3, -1, device=d),
     "new_full of a negative size": lambda d: torch.ones(3, device=d).new_full((2, -1), 3.),
     "zeros of a negative size": lambda d: torch.zeros(2, -3, device=d),
+    "deepcopy of a non-leaf": lambda d: copy.deepcopy(
+        torch.ones(3, device=d, requires_grad=True) * 2),
     "cross_entropy with a float target of another shape": lambda d: F.cross_entropy(
         torch.ones(4, 5, device=d), torch.ones(4, 6, device=d)),
     "nll_loss with a float target and a wrong weight": lambda d: F.nll_loss(
