@@ -254,11 +254,25 @@ def channels_last_like(source, result):
     return _as_channels_last(result) if _channels_last(source) else result
 
 
+_CHANNELS_LAST_ORDER = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}  # dims from fastest to slowest
+
+
 def _channels_last(t) -> bool:
-    if not isinstance(t, torch.Tensor) or t.dim() not in (4, 5) or t.is_contiguous():
+    """PyTorch's suggest_memory_format (which Python cannot call): strides ordered as
+    channels-last, so a crop of a channels-last activation and a 1 x 1 weight whose strides
+    fit both layouts count, and a contiguous tensor wins a tie."""
+    order = _CHANNELS_LAST_ORDER.get(t.dim()) if isinstance(t, torch.Tensor) else None
+    if order is None:
         return False
-    return t.is_contiguous(memory_format=torch.channels_last if t.dim() == 4
-                           else torch.channels_last_3d)
+    shape, strides = t.shape, t.stride()
+    if strides[1] == 0:
+        return False
+    least = 0
+    for d in order:
+        if shape[d] == 0 or strides[d] < least or (d == 0 and least == strides[1]):
+            return False
+        least = strides[d] * shape[d]
+    return True
 
 
 def _as_channels_last(t):

@@ -90,6 +90,8 @@ def test_conv2d_channels_last_and_module(seed):
 @pytest.mark.parametrize("op", [
     lambda x, w: F.conv2d(x, w, padding=1),
     lambda x, w: F.conv2d(x.contiguous(), w.contiguous(memory_format=torch.channels_last)),
+    lambda x, w: F.conv2d(x.contiguous(), w[:, :, :1, :1].contiguous(  # strides fit both
+        memory_format=torch.channels_last)),
     lambda x, w: F.conv_transpose2d(x, w.transpose(0, 1).contiguous()),
     lambda x, w: F.max_pool2d(x, 2, return_indices=True),
     lambda x, w: F.avg_pool2d(x, 3, stride=2, padding=1),
@@ -107,11 +109,14 @@ def test_conv2d_channels_last_and_module(seed):
     lambda x, w: F.interpolate(x, size=(5, 7), mode="bilinear", antialias=True),
     lambda x, w: F.interpolate(x, size=(5, 7), mode="bicubic", antialias=True),
 ])
-def test_channels_last_inputs_give_the_cpus_result_layout(op, seed):
-    # Note [Channels-last results] in ops/copy.py: same values and strides as the CPU
-    x = torch.randn(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)
+@pytest.mark.parametrize("crop", [False, True])
+def test_channels_last_inputs_give_the_cpus_result_layout(op, crop, seed):
+    # Note [Channels-last results] in ops/copy.py: same values and strides as the CPU; a crop
+    # of a channels-last activation (a U-Net's skip) is channels-last to the CPU too
+    x = torch.randn(2, 4, 8, 10 if crop else 8).contiguous(memory_format=torch.channels_last)
     w = torch.randn(6, 4, 3, 3)
-    expected, got = op(x, w), op(x.to("neuron"), w.to("neuron"))
+    expected, got = (op(a[..., 1:9] if crop else a, b) for a, b in ((x, w), (x.to("neuron"),
+                                                                        w.to("neuron"))))
     for e, g in zip(*(r if isinstance(r, tuple) else (r,) for r in (expected, got))):
         assert g.stride() == e.stride()
         torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-4)
