@@ -427,8 +427,11 @@ def _cpu_checks(args) -> None:
     if min(stride) <= 0 or min(dilation) <= 0 or groups <= 0 or transposed and any(
             o >= s and o >= d for o, s, d in zip(output_padding, stride, dilation)):
         raise RuntimeError("refused by the CPU's checks")
+    # (an empty batch returns before the CPU compares the input's and weight's types; a
+    # batch of one raises there, before computing)
+    batch = 0 if x.dtype == weight.dtype else 1
     stand_ins = [torch.zeros((), dtype=t.dtype).expand(shape) for t, shape in
-                 ((x, (0, *x.shape[1:])), (weight, weight.shape))]
+                 ((x, (batch, *x.shape[1:])), (weight, weight.shape))]
     stand_ins.append(None if bias is None else torch.zeros((), dtype=bias.dtype).expand(bias.shape))
     with torch._C._DisableTorchDispatch():
         aten.convolution.default(*stand_ins, *args[3:])

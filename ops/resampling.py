@@ -337,11 +337,21 @@ for _op, _taps in ((aten.upsample_linear1d_backward.default, linear_taps),
     _register_interp(_op, _taps)
 
 
+# Integer upsampling the CPU computes: uint8 images, except linear 1-D and trilinear.
+_UINT8_UPSAMPLING = {aten.upsample_nearest1d.default, aten.upsample_nearest2d.default,
+                     aten.upsample_nearest3d.default, aten._upsample_nearest_exact1d.default,
+                     aten._upsample_nearest_exact2d.default, aten._upsample_nearest_exact3d.default,
+                     aten.upsample_bilinear2d.default, aten.upsample_bicubic2d.default,
+                     aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default}
+
+
 def _sizes_checked(op, kernel):
-    """`kernel` after the CPU's check that input and output sizes are positive (a size of 0
-    divides by zero in the tap tables and in PyTorch's decompositions)."""
+    """`kernel` after the CPU's checks: input and output sizes positive (a size of 0 divides
+    by zero in the tap tables and in PyTorch's decompositions), and a dtype it upsamples
+    (other integer types raise its NotImplementedError, which names its kernel)."""
     def checked(x, output_size, *rest):
-        if min(output_size, default=1) <= 0 or min(x.shape[2:], default=1) <= 0:
+        if min(output_size, default=1) <= 0 or min(x.shape[2:], default=1) <= 0 or not (
+                x.dtype.is_floating_point or x.dtype == torch.uint8 and op in _UINT8_UPSAMPLING):
             T.cpu_refusal(op, x, output_size, *rest)
         return kernel(x, output_size, *rest)
 

@@ -231,6 +231,18 @@ ERRORS = {
     "randn of a negative size": lambda d: torch.randn(3, -1, device=d),
     "new_full of a negative size": lambda d: torch.ones(3, device=d).new_full((2, -1), 3.),
     "zeros of a negative size": lambda d: torch.zeros(2, -3, device=d),
+    "interpolate of int64": lambda d: F.interpolate(
+        torch.ones(1, 2, 4, 4, dtype=torch.int64, device=d), scale_factor=2),
+    "bilinear interpolate of int32": lambda d: F.interpolate(
+        torch.ones(1, 2, 4, 4, dtype=torch.int32, device=d), scale_factor=2, mode="bilinear"),
+    "trilinear interpolate of uint8": lambda d: F.interpolate(
+        torch.ones(1, 2, 2, 4, 4, dtype=torch.uint8, device=d), scale_factor=2,
+        mode="trilinear"),
+    "conv2d of bf16 with a float weight and no bias": lambda d: F.conv2d(
+        torch.ones(1, 3, 5, 5, dtype=torch.bfloat16, device=d), torch.ones(2, 3, 3, 3, device=d)),
+    "conv_transpose2d of fp16 with a float weight": lambda d: F.conv_transpose2d(
+        torch.ones(1, 3, 5, 5, dtype=torch.float16, device=d), torch.ones(3, 2, 3, 3, device=d),
+        torch.ones(2, device=d)),
     "deepcopy of a non-leaf": lambda d: copy.deepcopy(
         torch.ones(3, device=d, requires_grad=True) * 2),
     "cross_entropy with a float target of another shape": lambda d: F.cross_entropy(
