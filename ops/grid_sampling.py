@@ -71,7 +71,7 @@ def _grid_forward_kernel(code: str):
                 extra = rnd(a - rnd(flips * span))
                 x = rnd(min(extra, rnd(span - extra)) + low)
         if padding != 0:
-            x = min(max_val, max(x, F32(0)))
+            x = _clip(x, max_val)
         return x
 
     @njit(inline="always")
@@ -152,6 +152,14 @@ def _grid_forward_kernel(code: str):
 
 
 @njit(inline="always")
+def _clip(x, top):
+    """x clipped to [0, top], NaN to 0 (CUDA's fmaxf; the CPU lands on the same pixel)."""
+    if x > top:
+        return top
+    return x if x > F32(0) else F32(0)
+
+
+@njit(inline="always")
 def _source_grad(v, size, padding, align):
     """grid_sampler_compute_source_index_set_grad: the pixel coordinate and d(it)/d(v)."""
     if align:
@@ -196,7 +204,7 @@ def _reflect_clip(x, size, padding, align):
         extra = np.fmod(a, span)
         x = extra + lo if np.int64(np.floor(a / span)) % 2 == 0 else span - extra + lo
     if padding != 0:
-        x = min(F32(size - 1), max(x, F32(0)))
+        x = _clip(x, F32(size - 1))
     return x
 
 
@@ -378,7 +386,7 @@ def _grid3_forward_kernel(code: str):
             else:
                 x = rnd(rnd(span - extra) + lo)
         if padding != 0:
-            x = min(F32(size - 1), max(x, F32(0)))
+            x = _clip(x, F32(size - 1))
         return x
 
     @njit(error_model="numpy", nogil=True)

@@ -100,6 +100,21 @@ def test_grid_sample_16bit_bit_exact(dtype, mode, seed):
                                                 align_corners=align), x, grid, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grid_sample_of_non_finite_coordinates(dtype):
+    # clipping sends NaN to pixel 0 and reflection +-inf too, as on the CPU and CUDA
+    x = torch.arange(12.).reshape(1, 1, 3, 4).to(dtype)
+    nan, inf = float("nan"), float("inf")
+    grid = torch.tensor([[[[nan, 0.], [0., nan], [inf, 0.], [-inf, 0.], [nan, nan]]]]).to(dtype)
+    for mode in ("bilinear", "nearest", "bicubic"):
+        for padding in ("zeros", "border", "reflection"):
+            if dtype == torch.bfloat16 and (mode, padding) == ("nearest", "zeros"):
+                continue  # the CPU's 16-bit kernel reads pixel 0 there, its fp32 one gives 0
+            for align in (False, True):
+                check_op(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding,
+                                                    align_corners=align), x, grid, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
 def test_grid_sample_backward(mode, seed):
     x = _rand(2, 3, 5, 7)
