@@ -2,7 +2,7 @@
 
 Every op falls through the key except the overloads listed below, which are exactly the
 ones torch 2.13 registers for CUDA (the AT_FORALL_* lists of ATen/autocast_mode.h, less
-the cudnn-only ops). Their kernels cast neuron floating-point arguments (never float64,
+the cudnn-only ops, whose place the whole-sequence RNN ops take). Their kernels cast neuron floating-point arguments (never float64,
 never CPU tensors) and call the op again with the key excluded, as ATen's wrappers do.
 
 >>> import torch, neuron_eager
@@ -41,6 +41,11 @@ LOWER_PRECISION = (
     aten._thnn_fused_gru_cell.default, aten.lstm_cell.default, aten.gru_cell.default,
     aten.rnn_tanh_cell.default, aten.rnn_relu_cell.default,
     aten._scaled_dot_product_flash_attention.default, aten.scaled_dot_product_attention.default,
+)
+# CUDA casts _cudnn_rnn, which nn.LSTM/GRU/RNN reach there; here they reach these.
+RECURRENT_LAYERS = (
+    aten.lstm.input, aten.lstm.data, aten.gru.input, aten.gru.data, aten.rnn_tanh.input,
+    aten.rnn_tanh.data, aten.rnn_relu.input, aten.rnn_relu.data,
 )
 # Cast floating args to float32.
 FP32 = (
@@ -242,7 +247,7 @@ def _register() -> None:
     everything.fallback(torch.library.fallthrough_kernel, KEY)
     lib = torch.library.Library("aten", "IMPL")
     _LIBRARIES.extend((everything, lib))
-    table = [(op, lower_precision) for op in LOWER_PRECISION]
+    table = [(op, lower_precision) for op in LOWER_PRECISION + RECURRENT_LAYERS]
     table += [(op, fp32) for op in FP32]
     table += [(op, fp32_set_opt_dtype) for op in FP32_SET_OPT_DTYPE]
     table += [(op, promote) for op in PROMOTE]

@@ -3,6 +3,8 @@
 References are the CPU's own autocast (for ops both lists put in lower precision) or the
 same computation with the casts written out; nothing may fall back to the CPU.
 """
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -33,7 +35,8 @@ def test_lists_are_cuda_lists():
     """Same overloads as torch registers on AutocastCUDA (less the cudnn ones), and all
     of them reach the dispatcher on our key."""
     cuda = set(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA"))
-    cuda -= {"aten::cudnn_convolution", "aten::cudnn_convolution_transpose"}
+    cuda -= {"aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::_cudnn_rnn"}
+    cuda |= {op.name() for op in autocast.RECURRENT_LAYERS}  # in _cudnn_rnn's place
     ours = {op.name() for op in autocast.POLICY}
     assert ours == cuda
     assert set(torch._C._dispatch_get_registrations_for_dispatch_key(autocast.KEY)) == ours
@@ -89,6 +92,16 @@ def test_tensor_list_and_cell_ops(seed):
     assert_close((hy, cy), torch.lstm_cell(*low(x), low(h, c), *low(w_ih, w_hh, b, b)))
     assert_close(chain, torch.linalg.multi_dot(low(*mats)))
     assert_close(att, F.scaled_dot_product_attention(*low(q.cpu(), q.cpu(), q.cpu())))
+
+
+@pytest.mark.parametrize("layer", [torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN])
+def test_recurrent_layers_run_in_lower_precision(layer, seed):
+    # as CUDA's autocast of _cudnn_rnn: bf16 results, computed from bf16 inputs and weights
+    m, x = layer(8, 4, num_layers=2), _rand(5, 3, 8)
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        out, _ = copy.deepcopy(m).to(N)(x.to(N))
+    assert out.dtype == torch.bfloat16
+    assert_close(out, m.bfloat16()(x.bfloat16())[0], atol=2e-2, rtol=2e-2)
 
 
 def test_fp32_ops_run_in_float32(seed):
