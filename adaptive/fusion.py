@@ -678,20 +678,26 @@ def run_region(region, reason: str) -> None:
                 _run_ops(region, values, g)
                 mode = f"op by op (sighting {plan.seen})" if g.spec is not None else "op by op"
         except Exception as e:
-            node = nodes[getattr(e, "adaptive_node", g.nodes[0])]  # fused: its first op
-            kind = T.NeuronOutOfMemoryError if isinstance(e, torch.OutOfMemoryError) else \
-                RuntimeError  # (so `except torch.OutOfMemoryError` still catches it)
-            error = kind(f"adaptive eager: running {node.op.name} recorded at "
-                         f"{node.where[0]}:{node.where[1]} failed: {e}")
+            modes.append(f"failed: {type(e).__name__}")
+            _remember(region, reason, plan, modes, launched, moved)  # explain() shows it
             for later in nodes:
                 later.error = repr(e)  # a string: no traceback (and its frames) kept alive
                 if later.target is not None:  # the tensor gets its memory back
                     values.setdefault(later.index, region.read(later.target))
             _give_storage(nodes, values, range(len(nodes)))
-            raise error from e
+            # (made in a call, not kept in a local: this frame, held by the error's
+            # traceback, would hold the error, a cycle keeping the region's HBM until the
+            # garbage collector ran, so a retry after an out-of-memory error failed again)
+            raise _failure(nodes[getattr(e, "adaptive_node", g.nodes[0])], e) from e
         finally:
             _give_storage(nodes, values, g.all_nodes())
         modes.append(mode)
+    _remember(region, reason, plan, modes, launched, moved)
+
+
+def _remember(region, reason: str, plan: Plan, modes: list, launched: int, moved: int) -> None:
+    """Count a region that ran (or failed: its last mode says so) for stats() and explain()."""
+    nodes = region.nodes
     stats["ops_recorded"] += len(nodes)
     stats["regions"] += 1
     stats["kernels_launched"] += core.kernels_launched - launched
@@ -701,6 +707,14 @@ def run_region(region, reason: str) -> None:
     # from swapping any tensor a region computed)
     history.append((reason, len(nodes), plan, modes, [node.where for node in nodes],
                     user_frame()))  # (the line that made the sync point)
+
+
+def _failure(node, e: Exception) -> Exception:
+    """The error of a region whose op `node` failed (fused: the group's first op) with `e`."""
+    kind = T.NeuronOutOfMemoryError if isinstance(e, torch.OutOfMemoryError) else \
+        RuntimeError  # (so `except torch.OutOfMemoryError` still catches it)
+    return kind(f"adaptive eager: running {node.op.name} recorded at "
+                f"{node.where[0]}:{node.where[1]} failed: {e}")
 
 
 def _give_storage(nodes, values, indices) -> None:
@@ -716,6 +730,8 @@ def _give_storage(nodes, values, indices) -> None:
             if t is None:
                 continue
             d = t.__dict__
+            if d.get("_node") is not nodes[j]:
+                continue  # given other memory since (`t.data = y`): it keeps that
             if t is not result:  # (replacing memory _output gave it, if the group then
                 d["_storage"], d["_flat"], d["_key"] = src["_storage"], src.get("_flat"), \
                     src.get("_key")  # ran op by op after all)

@@ -416,13 +416,23 @@ def _alive_count(refs) -> int:
 
 def _detach(t: NeuronTensor):
     """detach() of a pending tensor: another pending tensor for the same node (autograd
-    detaches results it saves for backward, so this keeps such chains recording)."""
+    detaches results it saves for backward, so this keeps such chains recording). A detached
+    view has no `_base` keeping its view alive, so it is one of its base's views itself: an
+    in-place op on the base then flushes first, as for any live view (_record_inplace)."""
     node = t.__dict__["_node"]
     out = _make_wrapper(NeuronTensor, t.shape, strides=t.stride(),
                         storage_offset=t.storage_offset(), dtype=t.dtype,
                         device=T.DEVICE)  # a pending view's layout
     out._node = node
-    node.outs.append(weakref.ref(out))
+    ref = weakref.ref(out)
+    node.outs.append(ref)
+    base = node
+    while base.op is plans.VIEW:
+        base = _region.nodes[base.refs[0][1]]
+    if base is not node:
+        if base.views is None:
+            base.views = []
+        base.views.append(ref)
     return out
 
 

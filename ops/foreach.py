@@ -155,12 +155,19 @@ def _operand(kind, other, i):
     return other[i] if kind in ("List", "ScalarList") else other
 
 
+def _check_other(kind, other) -> None:
+    if kind == "Tensor" and other.dim() != 0:  # (one scalar for all, as a tensor)
+        raise RuntimeError(f"scalar tensor expected to be 0 dim but it has {other.dim()} "
+                           f"dimensions and {other.numel()} elements.")
+
+
 def _binary(name, kind, functional, inplace):
     step = _inplace(functional, inplace)
 
     @register(getattr(getattr(aten, "_foreach_" + name), kind))
     def foreach(tensors, other, **kwargs):
         _check(tensors, *([other] if kind in ("List", "ScalarList") else []))
+        _check_other(kind, other)
         rows = [((t, _operand(kind, other, i)), kwargs) for i, t in enumerate(tensors)]
         return _many(functional, rows) or \
             [call(functional, *a, **kwargs) for a, _ in rows]
@@ -168,6 +175,7 @@ def _binary(name, kind, functional, inplace):
     @register(getattr(getattr(aten, f"_foreach_{name}_"), kind))
     def foreach_(tensors, other, **kwargs):
         _check(tensors, *([other] if kind in ("List", "ScalarList") else []))
+        _check_other(kind, other)
         rows = [((t, _operand(kind, other, i)), kwargs) for i, t in enumerate(tensors)]
         if inplace is None or _many(inplace, rows) is None:
             for a, _ in rows:

@@ -232,8 +232,11 @@ _INT32_LOW, _INT32_HIGH = np.float32(-2.0 ** 31), np.float32(2.0 ** 31)
 # NaN, and the exact value beyond int32).
 @njit(inline="always")
 def float_to_int(x):
-    inside = x >= _INT32_LOW and x < _INT32_HIGH  # (False for NaN)
-    return np.int64(np.int32(x if inside else _INT32_LOW))
+    # (statements, not a ternary: an inlined ternary sets off NumbaIRAssumptionWarning)
+    v = x
+    if not (x >= _INT32_LOW and x < _INT32_HIGH):  # (NaN too)
+        v = _INT32_LOW
+    return np.int64(np.int32(v))
 
 
 def to_int64(x):

@@ -231,6 +231,10 @@ ERRORS = {
     "randn of a negative size": lambda d: torch.randn(3, -1, device=d),
     "new_full of a negative size": lambda d: torch.ones(3, device=d).new_full((2, -1), 3.),
     "zeros of a negative size": lambda d: torch.zeros(2, -3, device=d),
+    "_foreach_add_ of a 1-D tensor": lambda d: torch._foreach_add_(
+        [torch.ones(3, device=d)], torch.ones(3, device=d)),
+    "_foreach_mul of a (1, 1) tensor": lambda d: torch._foreach_mul(
+        [torch.ones(3, device=d)], torch.ones(1, 1, device=d)),
     "interpolate of int64": lambda d: F.interpolate(
         torch.ones(1, 2, 4, 4, dtype=torch.int64, device=d), scale_factor=2),
     "bilinear interpolate of int32": lambda d: F.interpolate(
