@@ -44,7 +44,7 @@ class Group:
     __slots__ = ("nodes", "stored", "shape", "spec", "arrays", "scalars", "engine",
                  "moved", "not_moved", "kernel", "kernel_new", "full", "k", "roles", "fixed",
                  "alone", "batch", "elements", "moved_total", "not_moved_total", "batch_engine",
-                 "aliased")
+                 "aliased", "drops")
 
     def __init__(self, j: int, shape: tuple):
         self.nodes, self.shape, self.spec, self.kernel = [j], shape, None, None
@@ -52,6 +52,7 @@ class Group:
         self.full, self.k, self.roles, self.fixed, self.alone = None, 0, {}, False, False
         self.batch = (self,)  # the groups one launch runs (Note [Batches])
         self.aliased = frozenset()  # inputs the kernel reads through an output (_lay_out)
+        self.drops = None  # op-by-op runs: node -> results no longer needed after it (_drops)
 
     def all_nodes(self) -> list[int]:
         return self.nodes if len(self.batch) == 1 else [j for g in self.batch for j in g.nodes]
@@ -497,11 +498,31 @@ def _resolve(region, values, kind, ref):
     return values[ref] if kind == "n" else region.read(ref)
 
 
+def _drops(region, g: Group) -> dict:
+    """For op-by-op runs: after each node, the group's results that nothing reads any more
+    (no live tensor, no later group, no later op of the group), so their memory goes back
+    at once, as in plain eager, not when the region ends."""
+    kept = {j for member in g.batch for j in member.stored}
+    last: dict = {}
+    order = g.all_nodes()
+    inside = set(order)
+    for k in order:
+        for kind, ref in region.nodes[k].refs:
+            if kind == "n" and ref in inside and ref not in kept:
+                last[ref] = k
+    drops: dict = {}
+    for ref, k in last.items():
+        drops.setdefault(k, []).append(ref)
+    return drops
+
+
 def _run_ops(region, values, g: Group) -> None:
     """The group's ops one by one, through the normal kernels (their warnings point at the
     lines that recorded them, and so do the profiler's records of their launches)."""
     outer, clock = replay_at(None), core.clock
     saved = clock.context
+    if g.drops is None:
+        g.drops = _drops(region, g)
     try:
         for j in g.all_nodes():
             node = region.nodes[j]
@@ -513,6 +534,8 @@ def _run_ops(region, values, g: Group) -> None:
             except Exception as e:
                 e.adaptive_node = j  # which op it came from, for run_region's message
                 raise
+            for done in g.drops.get(j, ()):
+                del values[done]
     finally:
         replay_at(outer)
         clock.context = saved

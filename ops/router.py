@@ -11,7 +11,6 @@ also tells the simulated core which op and user source line each kernel comes fr
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections import Counter
 from functools import partial
 
@@ -276,9 +275,13 @@ def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") 
         from neuron_eager.ops.views import resize_
 
         if dst.numel() != 0:
-            warnings.warn(f"An output with one or more elements was resized since it had shape "
-                          f"{list(dst.shape)}, which does not match the required output shape "
-                          f"{list(result.shape)}.", UserWarning, stacklevel=4)
+            warn_at_user_line(f"An output with one or more elements was resized since it had "
+                              f"shape {list(dst.shape)}, which does not match the required "
+                              f"output shape {list(result.shape)}. This behavior is deprecated, "
+                              f"and in a future PyTorch release outputs will not be resized "
+                              f"unless they have zero elements. You can explicitly reuse an out "
+                              f"tensor t by resizing it, inplace, to zero elements with "
+                              f"t.resize_(0).")
         resize_(dst, result.shape)
     aten.copy_.default(dst, result)
 

@@ -553,3 +553,16 @@ def test_results_take_the_cpus_layout(name):
         cpu, neuron = LAYOUT_OPS[name](x), LAYOUT_OPS[name](x.to("neuron"))
         assert neuron.stride() == cpu.stride()
         assert torch.equal(neuron.cpu(), cpu)
+
+
+def test_the_out_resize_warning_names_the_users_line():
+    # warnings filtered by module or line behave as on the CPU
+    places = []
+    for device in ("cpu", "neuron"):
+        a = torch.ones(10, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.add(a, a, out=torch.empty(3, device=device)); line = sys._getframe().f_lineno  # noqa: E702
+        places += [(w.filename, w.lineno - line, str(w.message).split(" (Triggered")[0])
+                   for w in caught]
+    assert len(places) == 2 and places[0] == places[1] and places[0][0] == __file__

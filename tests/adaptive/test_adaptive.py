@@ -771,3 +771,24 @@ def test_a_failed_region_frees_its_memory_at_once(monkeypatch):
     finally:
         gc.enable()
     assert "failed: RuntimeError" in adaptive.explain(1)  # the failed region is shown
+
+
+def test_an_op_by_op_run_frees_intermediates_as_it_goes():
+    # a first sighting runs op by op; it held every intermediate until the region ended, so
+    # a long chain that fits in plain eager ran out of HBM
+    def chain(x):
+        for _ in range(10):
+            x = x * 1.01 + 0.001
+        return x.sum(-1).item()
+
+    peaks = []
+    for mode in (False, True):
+        (adaptive.enable if mode else adaptive.disable)()
+        x = rand(1 << 16)
+        torch.neuron.synchronize()
+        torch.neuron.reset_peak_memory_stats()
+        base = torch.neuron.memory_allocated()
+        chain(x)
+        peaks.append(torch.neuron.max_memory_allocated() - base)
+    assert adaptive.stats()["unfused_ops"] > 0  # (it ran op by op)
+    assert peaks[1] <= peaks[0]
