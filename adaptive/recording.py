@@ -180,6 +180,8 @@ def _record(plan, args, kwargs):
     if planned is None:
         return None
     op, operands, params = planned[0], planned[1], planned[2]
+    if type(op) is E.Elementwise:
+        operands = E.scalar_tensors_cast(op, operands)  # (as plain eager's run)
     region = _region
     refs, raw, sig = _refs(region, operands)
     if refs is None:
@@ -338,6 +340,7 @@ def _record_inplace(plan, args, kwargs):
     op, operands, params = plan(*args, **kwargs)
     if not operands or operands[0] is not a or a.numel() == 0:
         return None
+    operands = E.scalar_tensors_cast(op, operands)  # (as plain eager's run)
     region = _region
     d = a.__dict__
     old = d.get("_node")

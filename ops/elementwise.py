@@ -249,6 +249,25 @@ def fusible_inplace(*overloads):
     return register_plan
 
 
+def scalar_tensors_cast(op: Elementwise, operands):
+    """`operands` with each 0-dim neuron tensor beside larger tensors cast first to the common
+    dtype where that changes its value, as the CPU's TensorIterator casts its inputs: a 0-dim
+    tensor does not promote, so `uint8 // tensor(-3)` divides by 253, and a bf16 tensor plus
+    a float32 tensor(1.0001) adds bf16's 1.0 (the kernels load it whole otherwise)."""
+    zero = wide = False
+    for a in operands:
+        if type(a) is NeuronTensor:
+            if a.dim() == 0:
+                zero = True
+            else:
+                wide = True
+    if not (zero and wide):
+        return operands
+    target = result_type(*operands) if op.kind == "always_bool" else promotion(op, operands)[0]
+    return tuple(a.to(target) if type(a) is NeuronTensor and a.dim() == 0 and a.dtype != target
+                 and torch.promote_types(a.dtype, target) != target else a for a in operands)
+
+
 def result_type(*operands) -> torch.dtype:
     """torch.result_type for neuron operands, without dispatching."""
     return dtypes_for(_PROMOTE, operands)[0]
@@ -498,6 +517,7 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
         _run_contiguous_into(op, operands, params, out)
     if result is not None:
         return result
+    operands = scalar_tensors_cast(op, operands)
     key = _layout_key(op, operands, out)
     planned = _planned.get(key) if key is not None else None
     if planned is not None and (out is None or _no_aliases(operands, out)):

@@ -566,3 +566,27 @@ def test_the_out_resize_warning_names_the_users_line():
         places += [(w.filename, w.lineno - line, str(w.message).split(" (Triggered")[0])
                    for w in caught]
     assert len(places) == 2 and places[0] == places[1] and places[0][0] == __file__
+
+
+SCALAR_TENSOR_CASES = {
+    "uint8 // int64 0-dim": lambda d: torch.tensor([3, 250, 1, 5], dtype=torch.uint8, device=d)
+    // torch.tensor(-3, device=d),
+    "maximum of int8 and an int16 0-dim": lambda d: torch.maximum(
+        torch.tensor([3, -1, 1, 5], dtype=torch.int8, device=d),
+        torch.tensor(255, dtype=torch.int16, device=d)),
+    "uint8 < int64 0-dim": lambda d: torch.tensor([3, 250], dtype=torch.uint8, device=d)
+    < torch.tensor(-3, device=d),
+    "bf16 % float32 0-dim": lambda d: torch.tensor([1., 3., 0.1, 256.], dtype=torch.bfloat16,
+                                                   device=d) % torch.tensor(1.0001, device=d),
+    "bf16 + float32 0-dim": lambda d: torch.tensor([256.], dtype=torch.bfloat16, device=d)
+    + torch.tensor(1.0001, device=d),
+    "uint8 add_ of an int64 0-dim": lambda d: torch.tensor([3, 250], dtype=torch.uint8,
+                                                           device=d).add_(torch.tensor(-3, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", SCALAR_TENSOR_CASES)
+def test_zero_dim_tensors_take_the_common_dtype_first(name):
+    # the CPU casts a 0-dim operand to the common dtype (it does not promote): -3 is 253 in uint8
+    cpu, neuron = (SCALAR_TENSOR_CASES[name](d) for d in ("cpu", "neuron"))
+    assert neuron.dtype == cpu.dtype and torch.equal(neuron.cpu(), cpu)
