@@ -75,10 +75,11 @@ class Node:
                  "inplace", "target", "views", "stride", "offset")
 
     def alive(self) -> bool:
-        for ref in self.outs:
-            if ref() is not None:
-                return True
-        return False
+        return any(ref() is not None for ref in self.outs)
+
+    def add_view(self, ref) -> None:
+        """A weak reference to a tensor seeing this node's memory (in-place ops check them)."""
+        self.views = [ref] if self.views is None else self.views + [ref]
 
 
 class Region:
@@ -419,9 +420,8 @@ def _alive_count(refs) -> int:
 
 def _detach(t: NeuronTensor):
     """detach() of a pending tensor: another pending tensor for the same node (autograd
-    detaches results it saves for backward, so this keeps such chains recording). A detached
-    view has no `_base` keeping its view alive, so it is one of its base's views itself: an
-    in-place op on the base then flushes first, as for any live view (_record_inplace)."""
+    detaches results it saves for backward). A detached view has no `_base` keeping its view
+    alive, so it counts as its base's view: an in-place op on the base flushes first."""
     node = t.__dict__["_node"]
     out = _make_wrapper(NeuronTensor, t.shape, strides=t.stride(),
                         storage_offset=t.storage_offset(), dtype=t.dtype,
@@ -433,9 +433,7 @@ def _detach(t: NeuronTensor):
     while base.op is plans.VIEW:
         base = _region.nodes[base.refs[0][1]]
     if base is not node:
-        if base.views is None:
-            base.views = []
-        base.views.append(ref)
+        base.add_view(ref)
     return out
 
 
@@ -618,9 +616,7 @@ def _record_view(func, node: Node, args, kwargs):
     view.stride, view.offset = stride, offset
     key = view.key
     view.key = key[:4] + ((shape, stride, offset),) + key[5:]
-    if node.views is None:
-        node.views = []
-    node.views.append(weakref.ref(out))
+    node.add_view(weakref.ref(out))
     if len(_region.nodes) >= options.max_ops:
         flush("buffer limit")
     return out
