@@ -36,7 +36,9 @@ def amp_unscale_(grads, found_inf, inv_scale):
     seen = aten._to_copy.default(aten.logical_not.default(finite), dtype=torch.float32)
     aten.copy_.default(found_inf, aten.maximum.default(found_inf, aten.reshape.default(
         seen, list(found_inf.shape))))
-    aten._foreach_mul_.Tensor(list(grads), inv_scale)
+    # (a list of the one-element scale: the Tensor overload takes a 0-dim scalar only, and a
+    # 0-dim one would be rounded to a bf16 gradient's dtype; the CPU multiplies in fp32)
+    aten._foreach_mul_.List(list(grads), [inv_scale] * len(grads))
 
 
 @register(aten._amp_update_scale_.default)

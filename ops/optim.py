@@ -27,7 +27,7 @@ def _skipped(found_inf) -> bool:
 
 def _unscaled(grads, grad_scale, maximize):
     if grad_scale is not None:  # stored back, as the fused kernels do
-        aten._foreach_div_.Tensor(grads, grad_scale)
+        aten._foreach_div_.List(grads, [grad_scale] * len(grads))  # (one element: ops/amp.py)
     return aten._foreach_neg.default(grads) if maximize else grads
 
 
