@@ -75,11 +75,12 @@ class Node:
                  "inplace", "target", "views", "stride", "offset")
 
     def alive(self) -> bool:
-        return any(ref() is not None for ref in self.outs)
+        return _alive_count(self.outs) != 0
 
-    def add_view(self, ref) -> None:
-        """A weak reference to a tensor seeing this node's memory (in-place ops check them)."""
-        self.views = [ref] if self.views is None else self.views + [ref]
+    def add_view(self, ref) -> None:  # (a tensor seeing this node's memory: _record_inplace)
+        if self.views is None:
+            self.views = []
+        self.views.append(ref)
 
 
 class Region:
@@ -419,9 +420,8 @@ def _alive_count(refs) -> int:
 
 
 def _detach(t: NeuronTensor):
-    """detach() of a pending tensor: another pending tensor for the same node (autograd
-    detaches results it saves for backward). A detached view has no `_base` keeping its view
-    alive, so it counts as its base's view: an in-place op on the base flushes first."""
+    """detach() of a pending tensor (autograd's saved results): another one of its node. A
+    detached view has no `_base` keeping its view alive: it counts as its base's view."""
     node = t.__dict__["_node"]
     out = _make_wrapper(NeuronTensor, t.shape, strides=t.stride(),
                         storage_offset=t.storage_offset(), dtype=t.dtype,

@@ -101,7 +101,8 @@ def check(name: str, dtype: torch.dtype, attention: str) -> str:
              if p.grad is not None]
     # relative to the largest gradient: some are ~0 by symmetry (the key bias under softmax)
     grads = max(_diff(g, h) for g, h in pairs) / max(g.abs().max().item() for g, _ in pairs)
-    return (f"{name:9s} {attention:6s} | logits {logits:9.2e} | loss {_diff(losses[0], losses[1]):9.2e}"
+    loss = _diff(losses[0], losses[1])
+    return (f"{name:9s} {attention:6s} | logits {logits:9.2e} | loss {loss:9.2e}"
             f" | grads (relative) {grads:9.2e} | generate {same_tokens}")
 
 

@@ -2,8 +2,9 @@
 
 Every op falls through the key except the overloads listed below, which are exactly the
 ones torch 2.13 registers for CUDA (the AT_FORALL_* lists of ATen/autocast_mode.h, less
-the cudnn-only ops, whose place the whole-sequence RNN ops take). Their kernels cast neuron floating-point arguments (never float64,
-never CPU tensors) and call the op again with the key excluded, as ATen's wrappers do.
+the cudnn-only ops, whose place the whole-sequence RNN ops take). Their kernels cast neuron
+floating-point arguments (never float64, never CPU tensors) and call the op again with the
+key excluded, as ATen's wrappers do.
 
 >>> import torch, neuron_eager
 >>> with torch.autocast("neuron", dtype=torch.bfloat16):

@@ -349,9 +349,11 @@ def _sizes_checked(op, kernel):
     """`kernel` after the CPU's checks: input and output sizes positive (a size of 0 divides
     by zero in the tap tables and in PyTorch's decompositions), and a dtype it upsamples
     (other integer types raise its NotImplementedError, which names its kernel)."""
+    uint8 = op in _UINT8_UPSAMPLING  # (once: an OpOverload hashes in Python)
+
     def checked(x, output_size, *rest):
         if min(output_size, default=1) <= 0 or min(x.shape[2:], default=1) <= 0 or not (
-                x.dtype.is_floating_point or x.dtype == torch.uint8 and op in _UINT8_UPSAMPLING):
+                x.dtype.is_floating_point or uint8 and x.dtype == torch.uint8):
             T.cpu_refusal(op, x, output_size, *rest)
         return kernel(x, output_size, *rest)
 

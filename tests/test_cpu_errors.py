@@ -562,7 +562,8 @@ def test_the_out_resize_warning_names_the_users_line():
         a = torch.ones(10, device=device)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            torch.add(a, a, out=torch.empty(3, device=device)); line = sys._getframe().f_lineno  # noqa: E702
+            out = torch.empty(3, device=device)
+            torch.add(a, a, out=out); line = sys._getframe().f_lineno  # noqa: E702
         places += [(w.filename, w.lineno - line, str(w.message).split(" (Triggered")[0])
                    for w in caught]
     assert len(places) == 2 and places[0] == places[1] and places[0][0] == __file__
@@ -580,8 +581,8 @@ SCALAR_TENSOR_CASES = {
                                                    device=d) % torch.tensor(1.0001, device=d),
     "bf16 + float32 0-dim": lambda d: torch.tensor([256.], dtype=torch.bfloat16, device=d)
     + torch.tensor(1.0001, device=d),
-    "uint8 add_ of an int64 0-dim": lambda d: torch.tensor([3, 250], dtype=torch.uint8,
-                                                           device=d).add_(torch.tensor(-3, device=d)),
+    "uint8 add_ of an int64 0-dim": lambda d: torch.tensor(
+        [3, 250], dtype=torch.uint8, device=d).add_(torch.tensor(-3, device=d)),
 }
 
 
