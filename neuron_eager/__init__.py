@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 _compat.register_device_module(_device)
 _compat.ensure_foreach_support(NeuronTensor)
 _compat.ensure_fx_tracing(NeuronTensor)
-_compat.install_accelerator_memory(_device.memory_stats, _device.synchronize)
+_compat.install_accelerator_functions(_device.ACCELERATOR_FUNCTIONS)
 _compat.install_pinned_memory_shim()
 _compat.install_tied_parameters_shim()
 _compat.refuse_bare_storages()  # (Note [No bare neuron storages])

@@ -237,3 +237,37 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
 def set_memory_capacity(nbytes: int) -> None:
     """Resize the simulated HBM (tests and experiments; NEURON_EAGER_HBM_BYTES at start-up)."""
     core.hbm.set_capacity(int(nbytes))
+
+
+# -- torch.accelerator --------------------------------------------------------------------------
+def _empty_host_cache() -> None:
+    """Pinning is a plain host copy here (ops/_compat.install_pinned_memory_shim): no pinned
+    host cache to release."""
+
+
+def _capability(device=None) -> dict:
+    _index(device)
+    return {"supported_dtypes": set(_tensor.STORAGE_DTYPE)}
+
+
+def _set_device_index(device) -> None:
+    if not (isinstance(device, int) and device < 0):  # torch: a negative index is a no-op
+        set_device(device)
+
+
+def _set_stream(stream) -> None:
+    if not isinstance(stream, Stream):
+        raise TypeError(f"torch.accelerator.set_stream on neuron takes a torch.neuron.Stream "
+                        f"(torch.neuron.Stream(), torch.accelerator.current_stream()), got "
+                        f"{stream!r}")
+    _streams.set_stream(stream)
+
+
+# The torch.accelerator calls that need C++ hooks a Python backend cannot register, answered
+# for neuron by these (ops/_compat.install_accelerator_functions).
+ACCELERATOR_FUNCTIONS = dict(
+    synchronize=synchronize, memory_stats=memory_stats, empty_cache=empty_cache,
+    empty_host_cache=_empty_host_cache, reset_peak_memory_stats=reset_peak_memory_stats,
+    reset_accumulated_memory_stats=reset_accumulated_memory_stats, get_memory_info=mem_get_info,
+    get_device_capability=_capability, set_device_index=_set_device_index,
+    current_stream=current_stream, set_stream=_set_stream)

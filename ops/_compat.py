@@ -6,6 +6,8 @@ device misbehaving quietly.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.utils.backend_registration as _backend_registration
 from torch._C import DispatchKey, DispatchKeySet
@@ -196,35 +198,37 @@ def ensure_fx_tracing(cls) -> None:
         proxy_tensor.HANDLED_TYPES = (*proxy_tensor.HANDLED_TYPES, cls)
 
 
-def install_accelerator_memory(stats_fn, synchronize_fn) -> None:
-    """Answer torch.accelerator's memory and synchronize calls for neuron.
+def install_accelerator_functions(neuron_functions: dict) -> None:
+    """Answer torch.accelerator's calls that need C++ device hooks when neuron is the
+    accelerator: `neuron_functions` maps each name (in torch.accelerator or its memory
+    module) to neuron's version.
 
-    Those functions need a C++ device allocator; a Python backend can only
-    provide them by replacing the Python functions (each falls through to
-    the original for other accelerators).
+    Those calls reach a C++ caching allocator, host allocator or stream type that a Python
+    backend cannot register: `empty_cache()` and the stats resets hit a c10 internal assert,
+    `empty_host_cache()` crashed the process, `set_stream` refused torch.neuron.Stream. Each
+    Python function is replaced by one that falls through to the original for any other
+    accelerator.
     """
     import torch.accelerator as accelerator
     import torch.accelerator.memory as accelerator_memory
 
     def is_neuron() -> bool:
-        current = torch.accelerator.current_accelerator()
+        current = accelerator.current_accelerator()
         return current is not None and current.type == BACKEND
 
-    original_stats = accelerator_memory.memory_stats
-    original_sync = accelerator.synchronize
-    if getattr(original_stats, "_neuron", False):
-        return
+    for name, neuron_function in neuron_functions.items():
+        module = accelerator_memory if name in accelerator_memory.__all__ else accelerator
+        original = getattr(module, name)
+        if getattr(original, "_neuron", False):
+            continue
 
-    def memory_stats(device_index=None, /):
-        return stats_fn() if is_neuron() else original_stats(device_index)
+        def call(*args, _original=original, _neuron=neuron_function, **kwargs):
+            return (_neuron if is_neuron() else _original)(*args, **kwargs)
 
-    def synchronize(device=None, /):
-        return synchronize_fn() if is_neuron() else original_sync(device)
-
-    memory_stats._neuron = synchronize._neuron = True
-    accelerator_memory.memory_stats = memory_stats
-    accelerator.memory_stats = memory_stats
-    accelerator.synchronize = synchronize
+        functools.update_wrapper(call, original)
+        call._neuron = True
+        setattr(module, name, call)
+        setattr(accelerator, name, call)  # torch.accelerator re-exports the memory functions
 
 
 _pin_lib = None

@@ -1,4 +1,7 @@
 """Each touch of torch internals (ops/_compat.py), checked so a torch upgrade fails loudly."""
+import subprocess
+import sys
+
 import torch
 
 import neuron_eager  # noqa: F401
@@ -35,6 +38,42 @@ def test_accelerator_memory_and_synchronize_answer_for_neuron():
         torch.neuron.memory_allocated()
     torch.accelerator.synchronize()
     del x
+
+
+def test_accelerator_calls_that_need_cpp_hooks_answer_for_neuron():
+    # Unpatched, the resets and empty_cache hit a c10 internal assert, set_stream refused
+    # torch.neuron.Stream and empty_host_cache crashed the process: hence a subprocess.
+    script = """
+import torch, neuron_eager
+A = torch.accelerator
+x = torch.empty(1 << 20, device="neuron")
+A.reset_peak_memory_stats()
+assert A.max_memory_allocated() == torch.neuron.memory_allocated()
+del x
+A.empty_cache()
+assert A.memory_reserved() == torch.neuron.memory_reserved()
+A.reset_accumulated_memory_stats()
+A.empty_host_cache()
+assert A.get_memory_info() == torch.neuron.mem_get_info()
+assert torch.float32 in A.get_device_capability()["supported_dtypes"]
+assert torch.complex64 not in A.get_device_capability()["supported_dtypes"]
+s = torch.neuron.Stream()
+A.set_stream(s)
+assert A.current_stream() == s == torch.neuron.current_stream()
+A.set_stream(torch.neuron.default_stream())
+A.set_device_index(0)
+A.set_device_index(-1)
+try:
+    A.set_device_index(1)
+except RuntimeError as e:
+    assert "neuron:1 does not exist" in str(e)
+else:
+    raise AssertionError("set_device_index(1) was accepted")
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
 def test_pinned_memory_and_dataloader_pinning():
