@@ -421,13 +421,18 @@ _BITWISE_NOT = E.Elementwise("bitwise_not", njit(lambda x: ~x))
 _LOGICAL_NOT_BOOL = E.Elementwise("bool_not", njit(lambda x: not x))
 
 
+_no_float_not = _integral_only("bitwise_not")
+
+
 @register(aten.bitwise_not.default)
 def bitwise_not(x):
+    _no_float_not(x)
     return E.run(_LOGICAL_NOT_BOOL if x.dtype == torch.bool else _BITWISE_NOT, [x])
 
 
 @register(aten.bitwise_not_.default)
 def bitwise_not_(x):
+    _no_float_not(x)
     return E.run(_LOGICAL_NOT_BOOL if x.dtype == torch.bool else _BITWISE_NOT, [x], out=x)
 define("isnan", lambda x: x != x, [aten.isnan.default], operands=1, kind="always_bool")
 

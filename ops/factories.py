@@ -102,6 +102,8 @@ def _check_layout(layout):
 def _arange(op):
     def arange(*args, **kwargs):
         meta = _meta(op, args, kwargs)
+        if meta.dtype == torch.bool:
+            raise NotImplementedError("\"arange_cpu\" not implemented for 'Bool'")
         out = _empty_for(meta)
         values = list(args[:3])
         start, step = (0, 1) if len(values) == 1 else (values[0], values[2] if len(values) > 2

@@ -13,7 +13,7 @@ from numba import types
 from numba.extending import overload
 
 from neuron_eager.ops import elementwise as E
-from neuron_eager.ops.arithmetic import define
+from neuron_eager.ops.arithmetic import _no_bool, define
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
@@ -106,8 +106,10 @@ def _pow_any_typed(x, y):
     return lambda x, y: _float_pow_any(x, y)
 
 
+# bool ** bool has no CPU kernel with a tensor exponent (x ** True works: the CPU copies x)
 _POW_ANY = define("pow_tensor", lambda x, y: _pow_any(x, y),
-                  [aten.pow.Tensor_Tensor, aten.pow.Scalar], [aten.pow_.Tensor], engine="scalar")
+                  [aten.pow.Tensor_Tensor, aten.pow.Scalar], [aten.pow_.Tensor], engine="scalar",
+                  check=_no_bool("pow"))
 
 
 def _pow_scalar_op(dtype: torch.dtype):

@@ -457,10 +457,10 @@ def logcumsumexp(x, dim):
 
 
 def _select(op, x, dim, keepdim, mode, k=0, name=""):
+    if dim is not None:  # (the CPU checks k and dim before the dtype)
+        _meta(op, x, *([k + 1] if mode == KTH else []), dim, keepdim)
     if x.dtype == torch.bool and mode != MODE:
         raise NotImplementedError(f'"{name}" not implemented for \'Bool\'')
-    if dim is not None:
-        _meta(op, x, *([k + 1] if mode == KTH else []), dim, keepdim)
     if x.numel() == 0:
         return R.on_empty(op, x, *([k + 1] if mode == KTH else []),
                           *([] if dim is None else [dim, keepdim]))

@@ -275,6 +275,14 @@ ERRORS = {
     "gather out= float16": lambda d: torch.gather(
         torch.ones(2, 2, device=d), 1, _t(d, [[0], [1]]),
         out=torch.empty(0, dtype=torch.half, device=d)),
+    # dtypes the CPU has no kernel for (bool ** bool, ~float, a bool arange) or checks later
+    "pow of two bool tensors": lambda d: torch.pow(_t(d, [True, False]), _t(d, [True, True])),
+    "pow_ of bool by bool": lambda d: _t(d, [True, False]).pow_(_t(d, [False, True])),
+    "True ** bool tensor": lambda d: torch.pow(True, _t(d, [True, False])),
+    "bitwise_not of float": lambda d: torch.ones(2, device=d).bitwise_not(),
+    "bitwise_not_ of float": lambda d: torch.ones(2, device=d).bitwise_not_(),
+    "arange of bool": lambda d: torch.arange(3, dtype=torch.bool, device=d),
+    "kthvalue k out of range on bool": lambda d: torch.kthvalue(_t(d, [True, False]), 5),
 }
 
 
@@ -320,6 +328,8 @@ def _into_long(reduce):
 
 
 VALUES = {
+    "bool ** True (the CPU's exponent-1 shortcut)": lambda d: torch.pow(_t(d, [True, False]), True),
+    "bool ** 2": lambda d: torch.pow(_t(d, [True, False]), 2),
     # fills of an expanded tensor: refused before; the CPU writes each location once (a
     # deprecation warning), so every alias shows the fill
     "masked_fill_ of an expanded tensor": lambda d: _expanded(d).masked_fill_(
