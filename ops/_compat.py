@@ -371,6 +371,25 @@ def install_tied_parameters_shim() -> None:
         torch.utils.swap_tensors(self, moved)
 
     torch.nn.parameter.UninitializedTensorMixin.materialize = materialize
+    for placeholder in _UNINITIALIZED:
+        placeholder.__new__ = _made_on_host(placeholder.__new__)
+
+
+def _made_on_host(new):
+    """A lazy module's placeholder asked for on neuron (`LazyLinear(4, device="neuron")`,
+    `with torch.device("neuron")`, set_default_device) is made on the host and materializes
+    on neuron (Note [Lazy modules on the device])."""
+
+    @functools.wraps(new)
+    def __new__(cls, *args, device=None, **kwargs):
+        target = torch.device(device) if device is not None else torch.get_default_device()
+        if target.type != BACKEND:
+            return new(cls, *args, device=device, **kwargs)
+        placeholder = new(cls, *args, device="cpu", **kwargs)
+        placeholder._materialize_on = target
+        return placeholder
+
+    return staticmethod(__new__)
 
 
 # Note [Lazy modules on the device]
@@ -378,7 +397,8 @@ def install_tied_parameters_shim() -> None:
 # a neuron tensor is a wrapper subclass), so `LazyLinear(4).to("neuron")` made its weight an
 # ordinary empty neuron Parameter and the first forward failed. Instead the placeholder
 # stays on the host, remembers the device (and takes the dtype) it was sent to, and
-# `materialize` (the first forward) makes it there, keeping the object modules hold.
+# `materialize` (the first forward) makes it there, keeping the object modules hold. One
+# asked for on neuron at construction is made the same way (`_made_on_host`).
 _UNINITIALIZED = (torch.nn.parameter.UninitializedParameter,
                   torch.nn.parameter.UninitializedBuffer)
 
