@@ -199,29 +199,12 @@ def _preserved_strides(x):
     return tuple(compute_elementwise_output_strides(meta))
 
 
-_RANKS = ((torch.channels_last, 4, "channels_last"), (torch.channels_last_3d, 5, "channels_last_3d"))
-
-
-def _memory_format_strides(shape, memory_format):
-    """Strides of a memory format (None: contiguous); the CPU's error for a rank it needs."""
-    for fmt, rank, name in _RANKS:
-        if memory_format == fmt and len(shape) != rank:
-            raise RuntimeError(f"required rank {rank} tensor to use {name} format")
-    if memory_format == torch.channels_last and len(shape) == 4:
-        n, c, h, w = shape
-        return (h * w * c, 1, w * c, c)
-    if memory_format == torch.channels_last_3d and len(shape) == 5:
-        n, c, d, h, w = shape
-        return (d * h * w * c, 1, h * w * c, w * c, c)
-    return None
-
-
 def channels_last_strides(x):
     """Channels-last strides for a result of x's shape where x is channels-last (PyTorch's
     suggest_memory_format), else None (contiguous)."""
     if not _channels_last(x):
         return None
-    return _memory_format_strides(x.shape, torch.channels_last if x.dim() == 4
+    return T.memory_format_strides(x.shape, torch.channels_last if x.dim() == 4
                                   else torch.channels_last_3d)
 
 
@@ -279,7 +262,7 @@ def _as_channels_last(t):
     if not isinstance(t, NeuronTensor) or t.dim() not in (4, 5) or t.numel() == 0:
         return t
     fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
-    strides = _memory_format_strides(t.shape, fmt)
+    strides = T.memory_format_strides(t.shape, fmt)
     if t.is_contiguous(memory_format=fmt):
         # the same memory order; size-1 dims take the format's strides, as the CPU gives them
         return t if t.stride() == strides else \
@@ -293,7 +276,7 @@ def _as_channels_last(t):
 def contiguous(x, memory_format=torch.contiguous_format):
     if x.is_contiguous(memory_format=memory_format):
         return x
-    out = T.empty(x.shape, x.dtype, _memory_format_strides(x.shape, memory_format))
+    out = T.empty(x.shape, x.dtype, T.memory_format_strides(x.shape, memory_format))
     return E.copy_into(out, x)
 
 
@@ -348,7 +331,7 @@ def like_strides(x, memory_format):
     if memory_format in (None, torch.preserve_format):
         stride = x.stride()  # (exactly: size-1 dims keep their strides, as on the CPU)
         return None if stride == T.contiguous_strides(x.shape) else _preserved_strides(x)
-    return _memory_format_strides(x.shape, memory_format)
+    return T.memory_format_strides(x.shape, memory_format)
 
 
 def honours_device(*ops):

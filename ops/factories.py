@@ -82,7 +82,7 @@ def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memor
     dtype = dtype or torch.get_default_dtype()
     T.check_dtype(dtype)
     C.warn_float64(dtype)
-    return T.empty(size, dtype, C._memory_format_strides(tuple(size), memory_format))
+    return T.empty(size, dtype, T.memory_format_strides(tuple(size), memory_format))
 
 
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):

@@ -142,6 +142,23 @@ def contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+_RANKS = ((torch.channels_last, 4, "channels_last"), (torch.channels_last_3d, 5, "channels_last_3d"))
+
+
+def memory_format_strides(shape, memory_format):
+    """Strides of a memory format (None: contiguous); the CPU's error for a rank it needs."""
+    for fmt, rank, name in _RANKS:
+        if memory_format == fmt and len(shape) != rank:
+            raise RuntimeError(f"required rank {rank} tensor to use {name} format")
+    if memory_format == torch.channels_last and len(shape) == 4:
+        n, c, h, w = shape
+        return (h * w * c, 1, w * c, c)
+    if memory_format == torch.channels_last_3d and len(shape) == 5:
+        n, c, d, h, w = shape
+        return (d * h * w * c, 1, h * w * c, w * c, c)
+    return None
+
+
 def numel(shape) -> int:
     n = 1
     for s in shape:

@@ -191,9 +191,15 @@ for _op in _INPLACE_VIEW_OPS:
 
 
 def resize_(x: NeuronTensor, shape, memory_format=None) -> NeuronTensor:
-    """Resize in place; grows the storage (keeping the old bytes) when it must."""
+    """Resize in place, as the CPU: the same shape keeps its strides, another is made
+    contiguous, then a memory format given restrides; grows the storage (keeping the old
+    bytes) when it must."""
     shape = tuple(shape)
-    stride = T.contiguous_strides(shape)
+    if memory_format == torch.preserve_format:
+        raise RuntimeError("Unsupported memory formatPreserve")
+    if memory_format is None and shape == tuple(x.shape):
+        return x  # (a transposed tensor stays transposed: its values stay where they are)
+    stride = T.memory_format_strides(shape, memory_format) or T.contiguous_strides(shape)
     need = T.storage_extent(shape, stride, x.storage_offset()) * x.element_size()
     if need > x._storage.nbytes:
         old = x._storage

@@ -283,6 +283,8 @@ ERRORS = {
     "bitwise_not_ of float": lambda d: torch.ones(2, device=d).bitwise_not_(),
     "arange of bool": lambda d: torch.arange(3, dtype=torch.bool, device=d),
     "kthvalue k out of range on bool": lambda d: torch.kthvalue(_t(d, [True, False]), 5),
+    "resize_ to preserve_format": lambda d: torch.ones(2, 3, device=d).resize_(
+        3, 2, memory_format=torch.preserve_format),
 }
 
 
@@ -551,7 +553,10 @@ LAYOUT_OPS = {"flip": lambda t: t.flip(-1), "roll": lambda t: t.roll(1, -1),
               "constant pad": lambda t: torch.nn.functional.pad(t, (1, 1)),
               "sort values": lambda t: t.sort(-1).values, "sort indices": lambda t: t.sort(0)[1],
               "topk": lambda t: t.topk(2, -1).values,
-              **{f"rot90 k={k}": (lambda t, k=k: t.rot90(k, (0, 1))) for k in range(4)}}
+              **{f"rot90 k={k}": (lambda t, k=k: t.rot90(k, (0, 1))) for k in range(4)},
+              # resize_ to the same shape changes nothing (it made a transposed tensor
+              # contiguous over the same bytes: other values)
+              "resize_ to its own shape": lambda t: t.clone().resize_(t.shape)}
 
 
 @pytest.mark.parametrize("name", LAYOUT_OPS)
@@ -563,6 +568,20 @@ def test_results_take_the_cpus_layout(name):
         cpu, neuron = LAYOUT_OPS[name](x), LAYOUT_OPS[name](x.to("neuron"))
         assert neuron.stride() == cpu.stride()
         assert torch.equal(neuron.cpu(), cpu)
+
+
+@pytest.mark.parametrize("shape,fmt", [((2, 3, 4, 5), torch.channels_last),
+                                       ((2, 3, 4, 5, 6), torch.channels_last_3d),
+                                       ((4, 5), torch.contiguous_format)])
+def test_resize_takes_the_memory_format_as_on_cpu(shape, fmt):
+    # the format was ignored: convert_conv2d_weight_memory_format left conv weights NCHW
+    for source in (torch.randn(shape), torch.empty(0)):
+        cpu = source.clone().resize_(shape, memory_format=fmt)
+        neuron = source.to("neuron").resize_(shape, memory_format=fmt)
+        assert neuron.stride() == cpu.stride()
+    conv = torch.nn.Conv2d(3, 4, 3).to("neuron")
+    torch.nn.utils.convert_conv2d_weight_memory_format(conv, torch.channels_last)
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_the_out_resize_warning_names_the_users_line():
