@@ -96,13 +96,30 @@ def _bytes(storage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
+_loading = [0]  # torch.load calls under way (a map_location callable may call .neuron())
+
+
+def _storage_neuron(storage, device=None, non_blocking=False):
+    """`UntypedStorage.neuron()`: inside torch.load (the CUDA idiom `map_location=lambda s,
+    loc: s.cuda()`), the storage is marked for neuron as map_location="neuron" marks it
+    (Note [Loading onto neuron]). Elsewhere no storage can be made on neuron: the error
+    says so."""
+    if not _loading[0]:
+        torch.UntypedStorage(0, device="neuron")  # raises (Note [No bare neuron storages])
+    storage._neuron_target = _target(str(torch.device("neuron", device)
+                                         if isinstance(device, int) else device or "neuron"))
+    return storage
+
+
 def _filling_moved(load):
     @functools.wraps(load)
     def load_then_fill(*args, **kwargs):
         start = len(_unfilled)
+        _loading[0] += 1
         try:
             return load(*args, **kwargs)
         finally:
+            _loading[0] -= 1
             pending = _unfilled[start:]
             del _unfilled[start:]
             for storage, base in pending:
@@ -118,6 +135,7 @@ def install() -> None:
         torch.save = torch.serialization.save = _sharing_storages(torch.serialization.save)
     if not getattr(torch.load, "__wrapped_by_neuron__", False):
         torch.load = torch.serialization.load = _filling_moved(torch.serialization.load)
+    torch.UntypedStorage.neuron = _storage_neuron
     restore = torch._utils._restore_device_fake_mode  # every rebuild of a tensor ends here
 
     def restore_then_move(tensor):

@@ -16,7 +16,9 @@ def _saved(obj) -> io.BytesIO:
     return buf
 
 
-@pytest.mark.parametrize("where", ["neuron", "neuron:0", N, {"cpu": "neuron"}])
+@pytest.mark.parametrize("where", ["neuron", "neuron:0", N, {"cpu": "neuron"},
+                                   lambda storage, loc: storage.neuron(),  # (CUDA's idiom)
+                                   lambda storage, loc: storage.neuron(0)])
 @pytest.mark.parametrize("weights_only", [True, False])
 def test_a_cpu_checkpoint_loads_onto_neuron(where, weights_only):
     sd = {"w": torch.randn(3, 4), "b": torch.randn(4).bfloat16(), "n": torch.tensor(7)}
@@ -25,6 +27,11 @@ def test_a_cpu_checkpoint_loads_onto_neuron(where, weights_only):
         assert loaded[key].device == N
         assert loaded[key].dtype == value.dtype
         assert torch.equal(loaded[key].cpu(), value)
+
+
+def test_a_storage_outside_torch_load_cannot_go_to_neuron():
+    with pytest.raises(RuntimeError, match="a storage cannot be made on its own on neuron"):
+        torch.UntypedStorage(4).neuron()
 
 
 def test_views_keep_sharing_memory_and_parameters_stay_parameters():
