@@ -43,3 +43,7 @@ from neuron_eager.ops import (  # noqa: F401
     unsupported,
     views,
 )
+
+from neuron_eager.ops import cpu_dtypes  # noqa: E402  (wraps kernels registered above)
+
+cpu_dtypes.install()

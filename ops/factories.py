@@ -102,7 +102,7 @@ def _check_layout(layout):
 def _arange(op):
     def arange(*args, **kwargs):
         meta = _meta(op, args, kwargs)
-        if meta.dtype == torch.bool:
+        if meta.dtype == torch.bool:  # (as linspace below)
             raise NotImplementedError("\"arange_cpu\" not implemented for 'Bool'")
         out = _empty_for(meta)
         values = list(args[:3])
@@ -136,6 +136,8 @@ def range_inclusive(start, end, step=1, *, dtype=None, layout=None, device=None,
 
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
     meta = _meta(aten.linspace.default, (start, end, steps), dict(dtype=dtype, layout=layout))
+    if meta.dtype == torch.bool:
+        raise NotImplementedError("\"linspace_cpu\" not implemented for 'Bool'")
     out = _empty_for(meta)
     if steps == 1:
         return C.fill(out, start)

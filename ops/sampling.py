@@ -146,7 +146,10 @@ def normal_(x, mean=0.0, std=1.0, *, generator=None):
 @register(aten.exponential_.default)
 def exponential_(x, lambd=1.0, *, generator=None):
     check_generator(generator)
-    _float_only(x, "exponential_cpu")
+    if not x.dtype.is_floating_point:
+        raise RuntimeError("Exponential distribution is a continuous probability distribution. "
+                           f"dtype must be a floating point but you specified "
+                           f"{T.dtype_name(x.dtype)}")
     if not lambd > 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
     return fill_random(x, "exponential", lambd)
@@ -585,7 +588,9 @@ def multinomial(probs, num_samples, replacement=False, *, generator=None):
     check_generator(generator)
     if probs.dim() not in (1, 2):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
-    _float_only(probs, "multinomial")
+    if not probs.dtype.is_floating_point:  # (the CPU names bool Long: it converts it first)
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: "
+                           f"{T.dtype_name(torch.int64 if probs.dtype == torch.bool else probs.dtype)}")
     if num_samples <= 0:
         raise RuntimeError("cannot sample n_sample <= 0 samples")
     k = probs.shape[-1]
