@@ -132,8 +132,8 @@ def pow_scalar(x, exponent):
 
 @plan(aten.where.self)
 def where(condition, x, y):
-    if not isinstance(condition, torch.Tensor) or condition.dtype not in (torch.bool, torch.uint8):
-        return None  # the eager kernel raises
+    if not isinstance(condition, torch.Tensor) or condition.dtype is not torch.bool:
+        return None  # the eager kernel raises (or warns, for uint8)
     dtype = E.result_type(x, y)
     return Planned(arithmetic._WHERE, [condition, x, y], [], dtype, numerics.compute_type(dtype),
                    None, lambda ops, params, to: arithmetic.where(*ops))

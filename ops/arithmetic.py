@@ -8,6 +8,7 @@ gcd / lcm / shifts, frexp, allclose, hash_tensor (bit XOR) and renorm.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -574,7 +575,13 @@ _WHERE = E.Elementwise("where", njit(lambda c, x, y: x if c else y))
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(condition, x, y):
     if not isinstance(condition, torch.Tensor) or condition.dtype not in (torch.bool, torch.uint8):
-        raise RuntimeError("where expected condition to be a boolean tensor")
+        raise RuntimeError("where expected condition to be a boolean tensor" + (
+            f", but got a tensor with dtype {T.dtype_name(condition.dtype)}"
+            if isinstance(condition, torch.Tensor) else ""))
+    if condition.dtype == torch.uint8:
+        warnings.warn("where received a uint8 condition tensor. This behavior is deprecated and "
+                      "will be removed in a future version of PyTorch. Use a boolean condition "
+                      "instead.", UserWarning, stacklevel=2)
     dtype = E.result_type(x, y)
     arrays = [t for t in (condition, x, y) if isinstance(t, E.NeuronTensor)]
     shape = E.broadcast_shape([t.shape for t in arrays])

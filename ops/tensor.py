@@ -429,6 +429,10 @@ class NeuronTensor(torch.Tensor):
 # with all it calls, Dynamo breaks the graph at each op on neuron tensors, which then run as
 # in eager mode: `torch.compile(model)` gives eager's results (a backend of our own later).
 _compat.keep_dynamo_out(NeuronTensor.__torch_dispatch__.__func__)
+# Python's and torch's messages name a value's type ("unsupported operand type(s) for
+# divmod(): 'Tensor' and 'int'", "Expected value argument (Tensor of shape (3,))"): the CPU's
+# and CUDA's words. type(t) still prints neuron_eager.ops.tensor.NeuronTensor (its qualname).
+NeuronTensor.__name__ = "Tensor"
 _TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
 _UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
 

@@ -283,6 +283,12 @@ ERRORS = {
     "bitwise_not_ of float": lambda d: torch.ones(2, device=d).bitwise_not_(),
     "arange of bool": lambda d: torch.arange(3, dtype=torch.bool, device=d),
     "kthvalue k out of range on bool": lambda d: torch.kthvalue(_t(d, [True, False]), 5),
+    "where of a float condition": lambda d: torch.where(
+        torch.ones(2, device=d), torch.ones(2, device=d), torch.zeros(2, device=d)),
+    # messages that name the value's type say Tensor, as the CPU's
+    "divmod of a tensor": lambda d: divmod(torch.ones(2, device=d), 2),
+    "a format spec for a tensor of two elements": lambda d: "{:.2f}".format(
+        torch.ones(2, device=d)),
     "resize_ to preserve_format": lambda d: torch.ones(2, 3, device=d).resize_(
         3, 2, memory_format=torch.preserve_format),
 }
@@ -620,3 +626,11 @@ def test_zero_dim_tensors_take_the_common_dtype_first(name):
     # the CPU casts a 0-dim operand to the common dtype (it does not promote): -3 is 253 in uint8
     cpu, neuron = (SCALAR_TENSOR_CASES[name](d) for d in ("cpu", "neuron"))
     assert neuron.dtype == cpu.dtype and torch.equal(neuron.cpu(), cpu)
+
+
+def test_a_uint8_where_condition_warns_as_on_cpu():
+    for device in ("cpu", "neuron"):
+        mask = torch.tensor([1, 0], dtype=torch.uint8, device=device)
+        with pytest.warns(UserWarning, match="where received a uint8 condition tensor"):
+            out = torch.where(mask, torch.ones(2, device=device), torch.zeros(2, device=device))
+        assert out.tolist() == [1.0, 0.0]
