@@ -214,7 +214,9 @@ def _igamc_cf(a, x):
 
 @jit
 def _igamma64(a, x, upper):
-    if a != a or x != x or x < 0.0 or a < 0.0:
+    # the CPU's order of special cases: a NaN falls through the comparisons to its result
+    # (P(nan, 0) is 0, P(nan, inf) is 1, P(inf, nan) is 0)
+    if x < 0.0 or a < 0.0:
         return np.nan
     if a == 0.0:
         if x > 0.0:
@@ -228,6 +230,8 @@ def _igamma64(a, x, upper):
         return 1.0 if upper else 0.0
     if x == np.inf:
         return 0.0 if upper else 1.0
+    if a != a or x != x:
+        return np.nan
     if x < a + 1.0:
         p = _igam_series(a, x)
         return 1.0 - p if upper else p

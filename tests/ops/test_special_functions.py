@@ -72,8 +72,11 @@ def test_polygamma_orders_and_zeta(seed):
 
 
 def test_incomplete_gamma(seed):
-    a = torch.cat([torch.rand(400) * 30, torch.tensor([0.0, 0.0, 1.0, float("inf"), 250.0])])
-    x = torch.cat([torch.rand(400) * 30, torch.tensor([0.0, 1.0, 0.0, 3.0, 260.0])])
+    nan, inf = float("nan"), float("inf")  # (NaN arguments: the CPU's special cases first)
+    a = torch.cat([torch.rand(400) * 30, torch.tensor([0.0, 0.0, 1.0, inf, 250.0, nan, nan,
+                                                       inf, nan, 1.0])])
+    x = torch.cat([torch.rand(400) * 30, torch.tensor([0.0, 1.0, 0.0, 3.0, 260.0, 0.0, inf,
+                                                       nan, 2.0, nan])])
     check_op(torch.igamma, a, x, **F32)
     check_op(torch.igammac, a, x, **F32)
     check_op(torch.igamma, a.to(torch.bfloat16), x.to(torch.bfloat16))
