@@ -381,11 +381,12 @@ def _made_on_host(new):
     on neuron (Note [Lazy modules on the device])."""
 
     @functools.wraps(new)
-    def __new__(cls, *args, device=None, **kwargs):
+    def __new__(cls, *args, **kwargs):
+        device = kwargs.get("device")
         target = torch.device(device) if device is not None else torch.get_default_device()
         if target.type != BACKEND:
-            return new(cls, *args, device=device, **kwargs)
-        placeholder = new(cls, *args, device="cpu", **kwargs)
+            return new(cls, *args, **kwargs)
+        placeholder = new(cls, *args, **{**kwargs, "device": "cpu"})
         placeholder._materialize_on = target
         return placeholder
 
