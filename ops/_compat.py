@@ -231,6 +231,19 @@ def install_accelerator_functions(neuron_functions: dict) -> None:
         setattr(accelerator, name, call)  # torch.accelerator re-exports the memory functions
 
 
+def refuse_process_sharing(cls, message: str) -> None:
+    """torch.multiprocessing sends a tensor to another process through shared memory or CUDA
+    IPC (its ForkingPickler reducers); a `cls` tensor's memory cannot go either way, and
+    pickling it by value gave the child an unshared copy or failed inside torch's shared-file
+    code. Sending one raises `message` instead."""
+    from multiprocessing import reduction
+
+    def refuse(tensor):
+        raise RuntimeError(message)
+
+    reduction.register(cls, refuse)
+
+
 _pin_lib = None
 
 

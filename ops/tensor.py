@@ -63,6 +63,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype, str(dtype))
 
 
+NOT_SHARED = (
+    "neuron tensors cannot be shared with or sent to another process: each process simulates "
+    "its own NeuronCore and alone holds its memory (run one process per core, as torchrun "
+    "does). Share CPU tensors instead (model.cpu().share_memory()) and move them to neuron in "
+    "each process.")
+
+
 class UnsupportedDtypeError(RuntimeError):
     """A dtype neuron cannot hold. Not a TypeError: torch's binary operators turn a TypeError
     into NotImplemented, and `x * 1j` would end in Python's "unsupported operand type(s)"."""
@@ -310,6 +317,12 @@ class NeuronTensor(torch.Tensor):
         if getattr(stream, "device", None) is None or torch.device(stream.device).type != \
                 DEVICE.type:
             raise RuntimeError(f"record_stream: expected a neuron stream, got {stream!r}")
+
+    def share_memory_(self):
+        raise RuntimeError(NOT_SHARED)
+
+    def is_shared(self) -> bool:  # (CUDA says True: its IPC shares device memory)
+        return False
 
     def __reduce_ex__(self, protocol):
         user = getattr(type(self), "_user_class", None)

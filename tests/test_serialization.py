@@ -1,5 +1,6 @@
 """torch.load with map_location naming neuron (Note [Loading onto neuron])."""
 import io
+import pickle
 
 import pytest
 import torch
@@ -161,3 +162,17 @@ def test_pickle_outside_torch_save_still_copies_each_tensor():
     x = torch.arange(6.0, device="neuron")
     back = pickle.loads(pickle.dumps([x, x[1:3]]))
     assert back[0].device.type == "neuron" and back[1].cpu().tolist() == [1.0, 2.0]
+
+
+def test_neuron_tensors_are_not_shared_with_other_processes():
+    # hogwild's model.share_memory() passed, and a forked child's updates never reached the
+    # parent; a spawned child failed inside torch's shared-file code
+    from multiprocessing.reduction import ForkingPickler
+
+    model = torch.nn.Linear(2, 2).to(N)
+    assert not model.weight.is_shared()
+    with pytest.raises(RuntimeError, match="cannot be shared with or sent to another process"):
+        model.share_memory()
+    with pytest.raises(RuntimeError, match="cannot be shared with or sent to another process"):
+        ForkingPickler.dumps(model.weight)
+    assert torch.equal(pickle.loads(pickle.dumps(model.weight)).cpu(), model.weight.cpu())
