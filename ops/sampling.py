@@ -589,8 +589,9 @@ def multinomial(probs, num_samples, replacement=False, *, generator=None):
     if probs.dim() not in (1, 2):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
     if not probs.dtype.is_floating_point:  # (the CPU names bool Long: it converts it first)
+        named = torch.int64 if probs.dtype == torch.bool else probs.dtype
         raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: "
-                           f"{T.dtype_name(torch.int64 if probs.dtype == torch.bool else probs.dtype)}")
+                           f"{T.dtype_name(named)}")
     if num_samples <= 0:
         raise RuntimeError("cannot sample n_sample <= 0 samples")
     k = probs.shape[-1]

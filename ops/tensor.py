@@ -149,7 +149,8 @@ def contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-_RANKS = ((torch.channels_last, 4, "channels_last"), (torch.channels_last_3d, 5, "channels_last_3d"))
+_RANKS = ((torch.channels_last, 4, "channels_last"),
+          (torch.channels_last_3d, 5, "channels_last_3d"))
 
 
 def memory_format_strides(shape, memory_format):
