@@ -1,12 +1,12 @@
 """Integer and bool inputs that the CPU's (and CUDA's) kernels refuse, refused here too.
 
 neuron's kernels are written once for every dtype, so an integer tensor given to a loss, a
-pooling or a histogram computed something where the CPU says the op has no kernel for that
+pooling or a norm computed something where the CPU says the op has no kernel for that
 dtype: a mistake (class indices passed as logits) went unnoticed. Each op below checks its
 first tensor argument against the dtypes the CPU's kernel takes and raises the CPU's error.
 Only refusals CUDA shares are copied: where the CPU alone lacks a kernel (bf16 avg_pool3d,
 fp16 rrelu, integer histc and max_unpool), neuron computes, as CUDA does.
-(tests/test_cpu_errors.py runs each op in every dtype on both devices.)
+(tests/test_cpu_dtypes.py checks the table against the CPU in every dtype.)
 """
 from __future__ import annotations
 
