@@ -9,6 +9,7 @@ from neuron_eager.ops import (  # noqa: F401
     attention,
     arrange,
     bags,
+    bitwise,
     conv,
     copy,
     factories,

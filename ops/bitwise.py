@@ -1,0 +1,115 @@
+"""Bitwise and integer-only elementwise ops: and / or / xor / not, shifts, gcd, lcm.
+
+Defined with arithmetic's `define` (the same functional, in-place and out= forms); each
+refuses the float operands (and, for the integer-only ones, bool) that the CPU has no
+kernel for, in its words.
+"""
+from __future__ import annotations
+
+import torch
+
+from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import tensor as T
+from neuron_eager.ops.arithmetic import define
+from neuron_eager.ops.jit import njit
+from neuron_eager.ops.registry import register
+
+aten = torch.ops.aten
+
+
+def _integral_only(name):
+    def check(*operands):
+        dtype = E.result_type(*operands)
+        if dtype.is_floating_point:
+            raise NotImplementedError(f"\"{name}_cpu\" not implemented for "
+                                      f"'{T.dtype_name(dtype)}'")
+    return check
+
+
+define("bitwise_and", lambda x, y: x & y, [aten.bitwise_and.Tensor, aten.bitwise_and.Scalar],
+       [aten.bitwise_and_.Tensor, aten.bitwise_and_.Scalar], check=_integral_only("bitwise_and"))
+define("bitwise_or", lambda x, y: x | y, [aten.bitwise_or.Tensor, aten.bitwise_or.Scalar],
+       [aten.bitwise_or_.Tensor, aten.bitwise_or_.Scalar], check=_integral_only("bitwise_or"))
+define("bitwise_xor", lambda x, y: x ^ y, [aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar],
+       [aten.bitwise_xor_.Tensor, aten.bitwise_xor_.Scalar], check=_integral_only("bitwise_xor"))
+
+
+_BITWISE_NOT = E.Elementwise("bitwise_not", njit(lambda x: ~x))
+_LOGICAL_NOT_BOOL = E.Elementwise("bool_not", njit(lambda x: not x))
+
+
+_no_float_not = _integral_only("bitwise_not")
+
+
+@register(aten.bitwise_not.default)
+def bitwise_not(x):
+    _no_float_not(x)
+    return E.run(_LOGICAL_NOT_BOOL if x.dtype == torch.bool else _BITWISE_NOT, [x])
+
+
+@register(aten.bitwise_not_.default)
+def bitwise_not_(x):
+    _no_float_not(x)
+    return E.run(_LOGICAL_NOT_BOOL if x.dtype == torch.bool else _BITWISE_NOT, [x], out=x)
+
+
+# -- integer-only: gcd, lcm, shifts ------------------------------------------------------
+def _integer_only(op, operands, cpu_name):
+    dtype = E.dtypes_for(op, operands)[0]
+    if dtype.is_floating_point or dtype == torch.bool:
+        raise NotImplementedError(f"\"{cpu_name}\" not implemented for '{T.dtype_name(dtype)}'")
+
+
+@njit
+def _gcd(a, b):
+    a, b = abs(a), abs(b)
+    while a != 0:
+        a, b = b % a, a
+    return b
+
+
+@njit
+def _lcm(a, b):
+    g = _gcd(a, b)
+    return 0 if g == 0 else abs(a // g * b)
+
+
+@njit
+def _lshift(x, y):
+    # the CPU shifts the unsigned bits; shifting by the width or more (or negative) gives 0
+    return 0 if (y < 0 or y >= 64) else x << y
+
+
+@njit
+def _rshift(x, y):
+    # arithmetic shift; out-of-range amounts leave only the sign
+    return x >> 63 if (y < 0 or y >= 64) else x >> y
+
+
+def _integer_op(name, fn, cpu_name, functional, inplace=()):
+    op = E.Elementwise(name, fn)
+
+    def forward(x, y):
+        _integer_only(op, [x, y], cpu_name)
+        return E.run(op, [x, y])
+
+    def forward_(x, y):
+        _integer_only(op, [x, y], cpu_name)
+        return E.run(op, [x, y], out=x)
+
+    forward.checks_devices = forward_.checks_devices = True
+    register(*functional)(forward)
+    if inplace:
+        register(*inplace)(forward_)
+
+
+_integer_op("gcd", _gcd, "gcd_cpu", [aten.gcd.default])
+_integer_op("lcm", _lcm, "lcm_cpu", [aten.lcm.default])
+_integer_op("lshift", _lshift, "lshift_cpu",
+            [aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+             aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor,
+             aten.__lshift__.Scalar], [aten.__ilshift__.Tensor, aten.__ilshift__.Scalar])
+_integer_op("rshift", _rshift, "rshift_cpu",
+            [aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+             aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor,
+             aten.__rshift__.Scalar], [aten.__irshift__.Tensor, aten.__irshift__.Scalar])
