@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.arithmetic import define
 from neuron_eager.ops.fastmath import (cos_f32, erf_f32, exp_f32, log1p_f32,  # noqa: F401
@@ -169,7 +170,18 @@ def relu_(x):
 def _threshold_plan(x, threshold, value):
     if x.dtype == torch.bool:
         raise NotImplementedError("\"threshold_cpu\" not implemented for 'Bool'")
+    _fit(x, threshold, value)
     return THRESHOLD, [x], [threshold, value]
+
+
+def _fit(x, *scalars, compute=False) -> None:
+    """The CPU's range check of scalars it converts to x's dtype (or, with `compute`, to its
+    compute type): threshold's and hardtanh's to the dtype, leaky_relu's and elu's to fp32."""
+    if compute and not x.dtype.is_floating_point:
+        return  # (float-only ops: the dtype's own error comes first, as on the CPU)
+    check = numerics.check_fits_compute if compute else numerics.check_fits
+    for v in scalars:
+        check(v, x.dtype)
 
 
 @register(aten.threshold.default)
@@ -181,6 +193,7 @@ def _hardtanh_check(x, min_val, max_val):
     _refuse_bool(x, "hardtanh")
     if x.dtype == torch.uint8 and (min_val < 0 or max_val < 0):  # (-1 would wrap to 255)
         raise RuntimeError("cannot do hardtanh on an unsigned type with negative limits")
+    _fit(x, min_val, max_val)
 
 
 @register(aten.hardtanh.default)
@@ -272,19 +285,29 @@ def silu_(x):
     return E.run(SILU, [x], out=x)
 
 
+def _leaky_relu_plan(x, negative_slope=0.01):
+    _fit(x, negative_slope, compute=True)
+    return LEAKY_RELU, [x], [negative_slope]
+
+
+def _elu_plan(x, alpha=1, scale=1, input_scale=1):
+    _fit(x, alpha, scale, input_scale, compute=True)
+    return ELU, [x], [alpha, scale, input_scale]
+
+
 @register(aten.leaky_relu.default)
 def leaky_relu(x, negative_slope=0.01):
-    return E.run(LEAKY_RELU, [x], [negative_slope])
+    return E.run(*_leaky_relu_plan(x, negative_slope))
 
 
 @register(aten.leaky_relu_.default)
 def leaky_relu_(x, negative_slope=0.01):
-    return E.run(LEAKY_RELU, [x], [negative_slope], out=x)
+    return E.run(*_leaky_relu_plan(x, negative_slope), out=x)
 
 
 @register(aten.elu.default)
 def elu(x, alpha=1, scale=1, input_scale=1):
-    return E.run(ELU, [x], [alpha, scale, input_scale])
+    return E.run(*_elu_plan(x, alpha, scale, input_scale))
 
 
 @register(aten.celu.default)
@@ -491,10 +514,8 @@ def _hardtanh_plan(x, min_val=-1, max_val=1):
 
 E.fusible(aten.threshold.default)(_threshold_plan)
 E.fusible(aten.silu.default)(E.fusible_inplace(aten.silu_.default)(lambda x: (SILU, [x], ())))
-E.fusible(aten.leaky_relu.default)(E.fusible_inplace(aten.leaky_relu_.default)(
-    lambda x, negative_slope=0.01: (LEAKY_RELU, [x], [negative_slope])))
-E.fusible(aten.elu.default)(
-    lambda x, alpha=1, scale=1, input_scale=1: (ELU, [x], [alpha, scale, input_scale]))
+E.fusible(aten.leaky_relu.default)(E.fusible_inplace(aten.leaky_relu_.default)(_leaky_relu_plan))
+E.fusible(aten.elu.default)(_elu_plan)
 E.fusible(aten.gelu.default)(
     lambda x, *, approximate="none": (_gelu_op(approximate, GELU, GELU_TANH), [x], ()))
 E.fusible(aten.gelu_backward.default)(

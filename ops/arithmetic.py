@@ -25,7 +25,7 @@ aten = torch.ops.aten
 
 def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="default",
            engine="vector", float_only=False, plain=None, check=None, inline=False,
-           round_scalars=False):
+           round_scalars=False, checked_params=False):
     """Register `fn` for the given overloads.
 
     `params` lists (name, default) of the scalar arguments after the operands. `plain`, if
@@ -35,6 +35,8 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
     `inline`: Numba inlines `fn` into its loops (Note [Inlined op bodies] in elementwise.py).
     `round_scalars`: Python float operands and parameters are rounded to a bf16/fp16
     result's dtype first, as the CPU rounds add's (Note [Reduced-precision scalars]).
+    `checked_params`: the CPU converts the parameters to the compute type with a range check
+    (numerics.check_fits_compute: addcmul's value, lerp's weight).
     """
     op = E.Elementwise(name, njit(fn, inline="always") if inline else njit(fn), len(params),
                        kind, engine, float_only)
@@ -51,8 +53,12 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             i = operands + j
             values.append(args[i] if i < len(args) else kwargs.get(pname, default))
         operands_ = args[:operands]
-        if values and params[0][0] == "alpha" and type(values[0]) is not int:
+        if values and params[0][0] == "alpha":
             numerics.check_alpha(values[0], E.result_type(*operands_))
+        elif checked_params:
+            dtype = E.result_type(*operands_)
+            for v in values:
+                numerics.check_fits_compute(v, dtype)
         if round_scalars:
             operands_, values = _rounded(operands_, values)
         return operands_, values
@@ -118,9 +124,27 @@ def _rounded(operands, values=()) -> tuple:
         return operands, values
 
     def cast(v):
-        return torch.tensor(np.float32(v)).to(dtype).item() if type(v) is float else v
+        return _reduced(v, dtype) if type(v) is float else v
 
     return tuple([cast(v) for v in operands]), [cast(v) for v in values]
+
+
+_reduced_values: dict = {}  # (dtype, value, its sign) -> the value rounded to dtype
+
+
+def _reduced(v: float, dtype: torch.dtype) -> float:
+    """`v` rounded to bf16/fp16 through float32, as the CPU rounds it (a CPU op: several
+    microseconds, so the values an optimizer or schedule passes again are remembered)."""
+    key = (dtype, v, math.copysign(1.0, v))  # (-0.0 == 0.0 as a key; NaNs never match)
+    r = _reduced_values.get(key)
+    if r is None:
+        with np.errstate(over="ignore"):  # (beyond float32: inf, as the CPU's cast)
+            r = torch.tensor(np.float32(v)).to(dtype).item()
+        if v == v:
+            if len(_reduced_values) >= 4096:
+                _reduced_values.clear()
+            _reduced_values[key] = r
+    return r
 
 
 # -- binary arithmetic -------------------------------------------------------------------
@@ -517,9 +541,10 @@ def clamp_max_(x, max):
 # (Note [Fused multiply-adds])
 define("addcmul", lambda x, a, b, v: fma(v * a, b, x), [aten.addcmul.default],
        [aten.addcmul_.default], operands=3, params=[("value", 1)],
-       check=_no_bool("addcmul_cpu_out"))
+       check=_no_bool("addcmul_cpu_out"), checked_params=True)
 define("addcdiv", lambda x, a, b, v: x + (v * a) / b, [aten.addcdiv.default],
-       [aten.addcdiv_.default], operands=3, params=[("value", 1)], check=_no_integer_quotient)
+       [aten.addcdiv_.default], operands=3, params=[("value", 1)], check=_no_integer_quotient,
+       checked_params=True)
 
 
 @njit
@@ -533,7 +558,7 @@ def _lerp(x, y, w):
 define("lerp", _lerp.py_func, [aten.lerp.Tensor], [aten.lerp_.Tensor], operands=3,
        check=_lerp_check("lerp_kernel_tensor"))
 define("lerp_scalar", _lerp.py_func, [aten.lerp.Scalar], [aten.lerp_.Scalar], operands=2,
-       params=[("weight", 0)], check=_lerp_check("lerp_kernel_scalar"))
+       params=[("weight", 0)], check=_lerp_check("lerp_kernel_scalar"), checked_params=True)
 
 _WHERE = E.Elementwise("where", njit(lambda c, x, y: x if c else y))
 

@@ -567,6 +567,7 @@ def _scatter_prep(op, x, dim, index, src, *extra, **kwargs):
         s1 = _as1d(on_device(src))
         sstr = s1.stride()
     else:  # a scalar value, broadcast from one element
+        numerics.check_fits(src, x.dtype)
         s1 = T.from_cpu(torch.tensor(src, dtype=x.dtype))
         sstr = [0] * i1.dim()
     return x1, i1, s1, sstr, dim

@@ -446,7 +446,10 @@ def _ok(*tensors, dims) -> bool:
 
 
 def _c_strides(op, c, shape, args, beta, alpha, out_dtype=None) -> tuple:
-    """Strides that broadcast C to `shape`, padded to 4 (the CPU's error if it can't)."""
+    """Strides that broadcast C to `shape`, padded to 4 (the CPU's error if it can't); beta
+    and alpha must fit the compute type, as the CPU converts them."""
+    numerics.check_fits_compute(beta, args[0].dtype)
+    numerics.check_fits_compute(alpha, args[0].dtype)
     ok = isinstance(c, NeuronTensor) and c.dim() <= len(shape) and \
         c.dtype in (args[0].dtype, out_dtype)
     strides = [0] * (len(shape) - c.dim())

@@ -379,9 +379,16 @@ def check_fits(value, dtype: torch.dtype) -> None:
                                f"overflow")
 
 
+def check_fits_compute(value, dtype: torch.dtype) -> None:
+    """`check_fits` for a scalar the CPU converts to the compute type of a `dtype` result:
+    float32 for 16-bit floats (addcmul's value, lerp's weight, leaky_relu's slope, addmm's
+    beta), the type itself otherwise."""
+    check_fits(value, torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype)
+
+
 def check_alpha(alpha, dtype: torch.dtype) -> None:
     """The CPU's checks of add's and sub's alpha against the result's dtype (an integer result
-    would silently truncate a float alpha)."""
+    would silently truncate a float alpha; a value beyond the dtype's range raises)."""
     if isinstance(alpha, bool) and dtype != torch.bool:
         raise RuntimeError("Boolean alpha only supported for Boolean results.")
     if isinstance(alpha, complex):
@@ -390,6 +397,7 @@ def check_alpha(alpha, dtype: torch.dtype) -> None:
     if not dtype.is_floating_point and not isinstance(alpha, numbers.Integral):
         raise RuntimeError("For integral input tensors, argument alpha must not be a floating "
                            "point number.")
+    check_fits(alpha, dtype)
 
 
 def encode_scalar(value, dtype: torch.dtype):

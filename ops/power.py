@@ -13,6 +13,7 @@ from numba import types
 from numba.extending import overload
 
 from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import numerics
 from neuron_eager.ops.arithmetic import _no_bool, define
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
@@ -24,6 +25,15 @@ def _no_negative_int_power(x, y):
     if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and \
             type(y) is int and y < 0:
         raise RuntimeError("Integers to negative integer powers are not allowed.")
+
+
+def _check_scalar_exponent(x, y, dtype):
+    """The CPU's checks of x ** y for a scalar y and a `dtype` result: no negative integer
+    powers of integers; y converted to a 16-bit float or integer result's dtype must fit it
+    (fp32 and fp64 results take y as a double)."""
+    _no_negative_int_power(x, y)
+    if dtype not in (torch.float32, torch.float64):
+        numerics.check_fits(y, dtype)
 
 
 @njit(inline="always")
@@ -119,14 +129,15 @@ def _pow_scalar_op(dtype: torch.dtype):
 
 @register(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(x, exponent):
-    _no_negative_int_power(x, exponent)
-    return E.run(_pow_scalar_op(E.result_type(x, exponent)), [x, exponent])
+    dtype = E.result_type(x, exponent)
+    _check_scalar_exponent(x, exponent, dtype)
+    return E.run(_pow_scalar_op(dtype), [x, exponent])
 
 
 @register(aten.pow_.Scalar)
 def pow_scalar_(x, exponent):
     E.check_castable(E.result_type(x, exponent), x.dtype)
-    _no_negative_int_power(x, exponent)
+    _check_scalar_exponent(x, exponent, x.dtype)
     return E.run(_pow_scalar_op(x.dtype), [x, exponent], out=x)
 
 
@@ -135,12 +146,13 @@ pow_tensor_scalar.checks_devices = pow_scalar_.checks_devices = True
 
 @E.fusible(aten.pow.Tensor_Scalar)  # the same choices as the kernels (Note [Fusible ops])
 def _pow_tensor_scalar_plan(x, exponent):
-    _no_negative_int_power(x, exponent)
-    return _pow_scalar_op(E.result_type(x, exponent)), [x, exponent], ()
+    dtype = E.result_type(x, exponent)
+    _check_scalar_exponent(x, exponent, dtype)
+    return _pow_scalar_op(dtype), [x, exponent], ()
 
 
 @E.fusible_inplace(aten.pow_.Scalar)
 def _pow_scalar_plan_(x, exponent):
     E.check_castable(E.result_type(x, exponent), x.dtype)
-    _no_negative_int_power(x, exponent)
+    _check_scalar_exponent(x, exponent, x.dtype)
     return _pow_scalar_op(x.dtype), [x, exponent], ()

@@ -634,3 +634,46 @@ def test_a_uint8_where_condition_warns_as_on_cpu():
         with pytest.warns(UserWarning, match="where received a uint8 condition tensor"):
             out = torch.where(mask, torch.ones(2, device=device), torch.zeros(2, device=device))
         assert out.tolist() == [1.0, 0.0]
+
+
+# Python scalars the CPU converts to the result's dtype, or to its compute type (fp32 for
+# 16-bit floats), with a range check; a sweep found each computing inf, nan or a wrapped value
+_HALF, _BF16, _INT = torch.float16, torch.bfloat16, torch.int32
+SCALARS_THAT_DO_NOT_FIT = {
+    "add alpha": lambda x: x.add(x, alpha=1e39),
+    "sub alpha, fp16": lambda x: x.half().sub(x.half(), alpha=70000.0),
+    "rsub alpha, int32": lambda x: torch.rsub(x.to(_INT), x.to(_INT), alpha=2 ** 40),
+    "add_ alpha, int32": lambda x: x.to(_INT).add_(x.to(_INT), alpha=2 ** 40),
+    "addcmul value, bf16": lambda x: x.bfloat16().addcmul(x.bfloat16(), x.bfloat16(), value=1e39),
+    "addcdiv_ value": lambda x: x.addcdiv_(x, x + 5, value=-1e39),
+    "lerp weight, fp16": lambda x: x.half().lerp(x.half(), 1e39),
+    "threshold value, fp16": lambda x: F.threshold(x.half(), 0.5, 70000.0),
+    "hardtanh limits, int32": lambda x: F.hardtanh(x.to(_INT), -1e10, 1e10),
+    "relu6-style hardtanh_, bf16": lambda x: F.hardtanh(x.bfloat16(), 0.0, 1e39, inplace=True),
+    "leaky_relu slope, bf16": lambda x: F.leaky_relu(x.bfloat16(), 1e39),
+    "elu alpha": lambda x: F.elu(x, 1e39),
+    "scatter value, fp16": lambda x: x.half().scatter(0, torch.zeros(1, dtype=torch.long,
+                                                                      device=x.device), 70000.0),
+    "pow exponent, bf16": lambda x: x.bfloat16() ** 1e39,
+    "pow_ exponent, int32": lambda x: x.to(_INT).pow_(2 ** 40),
+    "addmm beta": lambda x: torch.addmm(x.view(2, 1).expand(2, 2), x.view(2, 1), x.view(1, 2),
+                                        beta=1e39),
+    "baddbmm alpha, bf16": lambda x: torch.baddbmm(x.bfloat16().view(1, 2, 1).expand(1, 2, 2),
+                                                   x.bfloat16().view(1, 2, 1),
+                                                   x.bfloat16().view(1, 1, 2), alpha=-1e39),
+    "foreach add_ alpha": lambda x: torch._foreach_add_([x, x + 1], [x, x], alpha=1e39),
+}
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["plain", "adaptive"])
+@pytest.mark.parametrize("name", SCALARS_THAT_DO_NOT_FIT)
+def test_scalars_that_do_not_fit_raise_as_on_cpu(name, adaptive):
+    def program(device):
+        with neuron_eager.adaptive_eager(adaptive and device == "neuron"):
+            x = torch.tensor([1.5, -2.0], device=device)
+            out = SCALARS_THAT_DO_NOT_FIT[name](x)
+            return out if isinstance(out, torch.Tensor) else x
+
+    cpu, neuron = _outcome(program, "cpu"), _outcome(program, "neuron")
+    assert isinstance(cpu, tuple) and "without overflow" in cpu[1], f"the CPU: {cpu}"
+    assert neuron == cpu

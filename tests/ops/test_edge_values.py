@@ -1,5 +1,7 @@
 """Edge values a new user's sweep found wrong, bit for bit against the CPU (assert_close
 equates -0.0 and 0.0, so signs of zero are compared as bits)."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -141,3 +143,16 @@ def test_python_scalars_meet_16_bit_tensors_as_on_the_cpu(name, dtype):
     a = (torch.randn(1024, generator=torch.Generator().manual_seed(1)) * 10).to(dtype)
     op = _SCALAR_OPS[name]
     _same_bits(op(a), op(a.to(NEURON)).cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rounded_scalars_keep_the_sign_of_zero_and_nan(dtype):
+    """The scalars rounded to a 16-bit dtype are remembered by value: -0.0 is not 0.0, a NaN
+    is not remembered, each agrees with the CPU whichever came first."""
+    a = torch.tensor([-0.0, 0.0, 1.5, -2.25]).to(dtype)
+    for scalar in (0.0, -0.0, 0.0, float("nan"), 0.587, -0.0, float("inf"), 1e39):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # (NumPy's overflow in its cast)
+            _same_bits(a + scalar, (a.to(NEURON) + scalar).cpu())
+        if scalar != 1e39:  # (an alpha beyond the dtype raises: tests/test_cpu_errors.py)
+            _same_bits(a.sub(1.0, alpha=scalar), a.to(NEURON).sub(1.0, alpha=scalar).cpu())
