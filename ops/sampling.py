@@ -124,13 +124,17 @@ def _float_only(x, op):
         raise NotImplementedError(f"\"{op}\" not implemented for '{T.dtype_name(x.dtype)}'")
 
 
+def _cpu_checks(method: str, x, *args) -> None:
+    """The CPU's argument checks (and warnings) of a sampler, run on an empty CPU tensor of
+    x's dtype: bounds that the dtype cannot hold, ranges it cannot draw evenly. Nothing is
+    drawn, the CPU's generator is left as it was."""
+    getattr(torch.empty(0, dtype=x.dtype), method)(*args)
+
+
 @register(aten.uniform_.default)
 def uniform_(x, from_=0.0, to=1.0, *, generator=None):
     check_generator(generator)
-    _float_only(x, "check_uniform_bounds")
-    if from_ > to:
-        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found "
-                           f"from={from_:g} > to={to:g}")
+    _cpu_checks("uniform_", x, from_, to)
     return fill_random(x, "uniform", from_, to)
 
 
@@ -480,10 +484,8 @@ def random_(x, *, generator=None):
 @register(getattr(aten.random_, "from"))  # `from` is a Python keyword
 def random_from(x, from_, to=None, *, generator=None):
     check_generator(generator)
+    _cpu_checks("random_", x, from_, to)
     to = _upper(x.dtype) + 1 if to is None else to
-    if from_ >= to:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
-                           f"from={from_} >= to={to}")
     return _fill_integers(x, from_, to - from_)
 
 
@@ -504,9 +506,16 @@ def _randperm(out, key, counter):
         out[i], out[j] = out[j], out[i]
 
 
+# the largest n per float type (every integer below it exact), as the CPU writes it
+_RANDPERM_LIMITS = {torch.float16: (2049, "2049", "Half"),
+                    torch.float32: (2 ** 24 + 1, "2^24+1", "Float"),
+                    torch.float64: (2 ** 53 + 1, "2^53+1", "Double")}
+
+
 def randperm_into(out: NeuronTensor, n: int) -> NeuronTensor:
     if n < 0:
         raise RuntimeError(f"n must be non-negative, got{n}")
+    _check_randperm(n, out.dtype)
     perm = T.empty((n,), torch.int64)
     if n:
         key, counter = default_generator.take(n)
@@ -517,6 +526,18 @@ def randperm_into(out: NeuronTensor, n: int) -> NeuronTensor:
 
         resize_(out, (n,))
     return E.copy_into(out, perm) if n else out
+
+
+def _check_randperm(n: int, dtype: torch.dtype) -> None:
+    """The CPU's: a float type must hold every integer below n exactly, an integer type n - 1;
+    bf16 is not checked (the CPU does not)."""
+    if dtype == torch.bool:
+        raise NotImplementedError("\"randperm\" not implemented for 'Bool'")
+    limit = _RANDPERM_LIMITS.get(dtype)
+    if limit is not None and n > limit[0]:
+        raise RuntimeError(f"n cannot be greater than {limit[1]} for {limit[2]} type.")
+    if not dtype.is_floating_point and n:
+        numerics.check_fits(n - 1, dtype)
 
 
 @register(aten.randperm.generator_out)

@@ -183,6 +183,21 @@ def test_multinomial(seed):
     lambda d: torch.empty(3, device=d, dtype=torch.int32).cauchy_(),
     lambda d: torch.empty(3, device=d).log_normal_(0, 0),
     lambda d: torch.empty(3, device=d, dtype=torch.int32).log_normal_(),
+    # bounds the dtype cannot hold (a sweep found wrapped or inf values drawn instead)
+    lambda d: torch.randint(0, 300, (6,), dtype=torch.uint8, device=d),
+    lambda d: torch.randint(-1, 3, (6,), dtype=torch.uint8, device=d),
+    lambda d: torch.randint(0, 2 ** 17, (4,), dtype=torch.int16, device=d),
+    lambda d: torch.randint(0, 3, (6,), dtype=torch.bool, device=d),
+    lambda d: torch.randint(0, 2 ** 30, (3,), dtype=torch.float16, device=d),
+    lambda d: torch.empty(3, dtype=torch.int8, device=d).random_(200),
+    lambda d: torch.empty(3, dtype=torch.int32, device=d).random_(0, 2 ** 40),
+    lambda d: torch.empty(3, device=d).uniform_(0, float("inf")),
+    lambda d: torch.empty(3, device=d).uniform_(-3e38, 3e38),
+    lambda d: torch.empty(3, dtype=torch.float16, device=d).uniform_(0, 1e5),
+    lambda d: torch.randperm(300, dtype=torch.uint8, device=d),
+    lambda d: torch.randperm(129, dtype=torch.int8, device=d),
+    lambda d: torch.randperm(3000, dtype=torch.float16, device=d),
+    lambda d: torch.randperm(3, dtype=torch.bool, device=d),
 ])
 def test_errors_match_cpu(fn):
     with pytest.raises(Exception) as cpu:
