@@ -89,10 +89,12 @@ class _Layer(torch.autograd.Function):
         return (hs, hn, cn) if kind == "lstm" else (hs, hn)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, grad_hn, grad_cn=None):
-        with torch.autocast("neuron", enabled=False):  # (a backward run inside autocast)
-            return _Layer._backward(ctx, grad_out, grad_hn, grad_cn)
+        with torch.no_grad(), torch.autocast("neuron", enabled=False):  # (inside autocast)
+            grads = _Layer._backward(ctx, grad_out, grad_hn, grad_cn)
+        if torch.is_grad_enabled():  # create_graph: Note [No second derivative]
+            return _not_differentiable(grads, ctx.saved_tensors[:3])
+        return grads
 
     @staticmethod
     def _backward(ctx, grad_out, grad_hn, grad_cn):
@@ -132,6 +134,42 @@ class _Layer(torch.autograd.Function):
         grad_b_hh = aten.sum.dim_IntList(hidden_gates, [0]) if ctx.bias else None
         return (None, None, None, grad_x, dh0, dc0, grad_w_ih, grad_w_hh, grad_b_ih,
                 grad_b_hh)
+
+
+_SECOND_DERIVATIVE = (
+    "a second derivative through nn.LSTM, nn.GRU or nn.RNN is not supported on neuron: fp32 "
+    "layers run as whole-sequence kernels whose backward is not differentiable (as cuDNN's "
+    "on CUDA). Step through nn.LSTMCell, nn.GRUCell or nn.RNNCell to differentiate twice.")
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """The first n inputs (a layer's gradients) as outputs, differentiable from the rest (the
+    layer's inputs): differentiating them raises."""
+
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tuple(t.clone() for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(_SECOND_DERIVATIVE)
+
+
+def _not_differentiable(grads: tuple, inputs) -> tuple:
+    """The gradients, each behind a node that hangs from the layer's inputs and raises if
+    differentiated."""
+    tensors = [g for g in grads if isinstance(g, torch.Tensor)]
+    outs = iter(_NoSecondDerivative.apply(len(tensors), *tensors, *inputs))
+    return tuple(next(outs) if isinstance(g, torch.Tensor) else g for g in grads)
+
+
+# Note [No second derivative]
+# Autograd's create_graph runs a backward with grad mode on, and expects gradients that it
+# can differentiate again. The layer's kernels cannot be, so every gradient it returns then
+# hangs from an error node whose inputs are the layer's input and weights: a second backward
+# or autograd.grad toward any of them raises. (once_differentiable's error node hangs from
+# the incoming gradients: a penalty on the gradient of out.sum() was silently disconnected,
+# and autograd.grad toward the weights found them unused.)
 
 
 def _covered(input, hx, params, has_biases, num_layers, dropout, train,

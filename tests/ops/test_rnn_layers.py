@@ -152,3 +152,26 @@ def test_packed_sequences_run_whole_with_every_gradient(kind):
         results.append([padded, *last, xs.grad, *(h.grad for h in hs),
                         *(p.grad for p in layer.parameters())])
     _close(results[1], results[0])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_a_second_derivative_raises_whichever_way_it_is_taken(kind):
+    """Note [No second derivative]: a gradient penalty through a layer raises, by backward or
+    by autograd.grad toward the input or weights (a sweep found the penalty on the gradient
+    of out.sum() silently disconnected: its gradients None); first-order values stay the
+    CPU's."""
+    torch.manual_seed(0)
+    layer = getattr(torch.nn, kind)(3, 4, batch_first=True)
+    x_cpu = torch.randn(2, 5, 3, requires_grad=True)
+    expected, = torch.autograd.grad(layer(x_cpu)[0].sum(), x_cpu)
+    layer.to(NEURON)
+    for second in ("backward", "grad"):
+        x = x_cpu.detach().to(NEURON).requires_grad_()
+        g, = torch.autograd.grad(layer(x)[0].sum(), x, create_graph=True)
+        torch.testing.assert_close(g.detach().cpu(), expected)
+        penalty = g.pow(2).sum()
+        with pytest.raises(RuntimeError, match="second derivative through nn.LSTM"):
+            if second == "backward":
+                penalty.backward()
+            else:
+                torch.autograd.grad(penalty, [x, *layer.parameters()], allow_unused=True)
