@@ -485,13 +485,24 @@ def index_copy_(x, dim, index, source):
     if T.shares_memory([x], [index, source]):  # Note [Writes into their own inputs]
         T.run_on_cpu(aten.index_copy_.default, (x, dim, index, source), {})
     _check_index_copy(x, dim, index, source)
-    return decomposition_table[aten.index_copy_.default](x, dim, index, source)
+    return _index_copy_into(x, dim, index, source)
 
 
 @register(aten.index_copy.default)
 def index_copy(x, dim, index, source):
     _check_index_copy(x, dim, index, source)
-    return decomposition_table[aten.index_copy.default](x, dim, index, source)
+    return _index_copy_into(_clone(x), dim, index, source)
+
+
+def _index_copy_into(x, dim, index, source):
+    """x's slices along dim at `index` = source's, in index order (a repeated index: the last
+    wins, as the CPU's loop): one scatter launch (a KV cache's write of a step)."""
+    x1, s1, index = _as1d(x), _as1d(source), on_device(index).reshape(-1)
+    dim = dim % x1.dim()
+    shape = list(x1.shape)
+    shape[dim] = index.numel()
+    put(x1, s1, dim, index, shape, s1.stride(), _dim_only(index, len(shape), dim))
+    return x
 
 
 def require_long(index, op_name: str) -> None:
@@ -507,6 +518,7 @@ def _check_index_copy(x, dim, index, source) -> None:
         raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, "
                            f"but got (self) {T.dtype_name(x.dtype)} and (source) "
                            f"{T.dtype_name(source.dtype)}")
+    meta_call(aten.index_copy.default, x, dim, index, source)  # (shapes: the CPU's errors)
     if isinstance(index, NeuronTensor) and x.dim():
         check_bounds(index, x.shape[dim], dim, False, "index_copy")
 

@@ -14,6 +14,7 @@ from torch._decomp import decomposition_table
 
 from neuron_eager.ops import _compat
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.meta import in_cpu_words
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -99,7 +100,11 @@ def view_metadata(func, x, args, kwargs):
         key, hit = None, None
     if hit is not None:
         return hit
-    out = func(meta_like(x), *args, **kwargs)
+    try:
+        out = func(meta_like(x), *args, **kwargs)
+    except RuntimeError:  # the meta kernel names a MetaFloatType where the CPU names its type
+        in_cpu_words(func, (x, *args), kwargs)
+        raise
     many = isinstance(out, (list, tuple))
     metas = out if many else [out]
     hit = ([(tuple(m.shape), m.stride(), m.storage_offset(), m.dtype,

@@ -291,6 +291,12 @@ ERRORS = {
         torch.ones(2, device=d)),
     "resize_ to preserve_format": lambda d: torch.ones(2, 3, device=d).resize_(
         3, 2, memory_format=torch.preserve_format),
+    "index_copy_ of too few indices": lambda d: torch.zeros(2, 3, 4, device=d).index_copy_(
+        1, _t(d, [1]), torch.ones(2, 2, 4, device=d)),
+    # a view's error names the CPU's tensor type, not the meta kernel's (MetaFloatType)
+    "a cache slot assigned the wrong shape": lambda d: _setitem(
+        torch.zeros(2, 3, 5, 4, device=d), (slice(None), slice(None), 2),
+        lambda x: torch.ones(2, 3, 2, 4, device=d)),
 }
 
 

@@ -485,3 +485,32 @@ def test_bags_and_segments_with_strided_operands():
     data = torch.randn(3, 6, generator=g).requires_grad_()
     lengths = torch.tensor([2, 3, 1])
     check_op(lambda d, n: torch.segment_reduce(d.T, "max", lengths=n), data, lengths, grad=True)
+
+
+@pytest.mark.parametrize("case", ["kv cache step", "rows of a transposed matrix", "repeated index",
+                                  "0-dim", "bf16 columns", "int64 rows"])
+def test_index_copy_writes_what_the_cpu_writes(case):
+    """index_copy_ runs as one scatter launch (a KV cache's write per generated token; the
+    decomposition took 160 us); a repeated index keeps the last source slice, as the CPU."""
+    g = torch.Generator().manual_seed(3)
+    x, dim, index, source = {
+        "kv cache step": (torch.zeros(2, 4, 8, 16), 2, torch.tensor([5]),
+                          torch.randn(2, 4, 1, 16, generator=g)),
+        "rows of a transposed matrix": (torch.randn(6, 5, generator=g).t(), 1,
+                                        torch.tensor([4, 0, 2]), torch.randn(5, 3, generator=g)),
+        "repeated index": (torch.zeros(5, 3), 0, torch.tensor([1, 3, 1]),
+                           torch.randn(3, 3, generator=g)),
+        "0-dim": (torch.tensor(1.5), 0, torch.tensor(0), torch.tensor(-2.0)),
+        "bf16 columns": (torch.zeros(3, 7, dtype=torch.bfloat16), -1, torch.tensor([6, 0]),
+                         torch.randn(3, 2, generator=g).bfloat16()),
+        "int64 rows": (torch.zeros(4, 2, dtype=torch.int64), 0,
+                                      torch.tensor([3, 2]), torch.tensor([[1, 2], [3, 4]])),
+    }[case]
+    dev = x.to(NEURON) if x.is_contiguous() else x.t().contiguous().to(NEURON).t()
+    out = dev.index_copy(dim, index.to(NEURON), source.to(NEURON))
+    assert dev.index_copy_(dim, index.to(NEURON), source.to(NEURON)) is dev
+    expected = x.index_copy(dim, index, source)
+    assert out.stride() == expected.stride()
+    assert dev.stride() == x.stride()
+    for got in (out, dev):
+        assert torch.equal(got.cpu(), expected)
