@@ -229,6 +229,18 @@ def pad_taps(size, out, left):
     return index.reshape(-1, 1), np.ones((out, 1), F32)
 
 
+def reflect_taps(size, out, left):
+    """Reflection padding: output o reads input o - left mirrored at both edges, the edge
+    itself not repeated (pads are narrower than the dim: the CPU's check)."""
+    index = np.abs(np.arange(out, dtype=np.int64) - left)
+    if size > 1:
+        index %= 2 * (size - 1)
+        index = np.where(index >= size, 2 * (size - 1) - index, index)
+    else:
+        index[:] = 0
+    return index.reshape(-1, 1), np.ones((out, 1), F32)
+
+
 # -- running ---------------------------------------------------------------------------------
 def _planes(t: torch.Tensor, k: int):
     """(N, C, D, H, W) sizes and strides of a tensor with k spatial dims and a batch dim
@@ -434,43 +446,53 @@ def _register_uint8(op, cubic):
 _register_uint8(aten.upsample_bicubic2d.default, True)
 
 
-def _register_pad(op, k):
+def _pad_tables(taps, k, sizes, outs, padding):
+    # padding lists (left, right) pairs from the last dim backwards
+    return [taps(sizes[a], outs[a], padding[2 * (k - 1 - a)]) for a in range(k)]
+
+
+def _register_pad_backward(op, k, taps):
     def kernel(grad, x, padding):
         args = (grad, x, padding)
         meta_check(op, args)
         if not isinstance(grad, NeuronTensor) or not grad.dtype.is_floating_point:
             return _fallback(op, args)
-        sizes, outs = x.shape[-k:], grad.shape[-k:]
-        # padding lists (left, right) pairs from the last dim backwards
-        tables = [pad_taps(sizes[a], outs[a], padding[2 * (k - 1 - a)]) for a in range(k)]
+        tables = _pad_tables(taps, k, x.shape[-k:], grad.shape[-k:], padding)
         return resample_backward(grad, x.shape, k, tables)
 
-    register(op)(kernel)
+    register(op)(keeps_channels_last(1)(kernel))
 
 
-for _op, _k in ((aten.replication_pad1d_backward.default, 1),
-                (aten.replication_pad2d_backward.default, 2),
-                (aten.replication_pad3d_backward.default, 3)):
-    _register_pad(_op, _k)
+for _k in (1, 2, 3):
+    _register_pad_backward(getattr(aten, f"replication_pad{_k}d_backward").default, _k,
+                           pad_taps)
+    _register_pad_backward(getattr(aten, f"reflection_pad{_k}d_backward").default, _k,
+                           reflect_taps)
 
 
-
-# Reflection pads run PyTorch's decomposition, which wraps a pad as wide as its dim around
-# (the CPU refuses it): the CPU's checks first.
+# Note [Reflection pads]
+# Reflection pads gather (and their gradients scatter) through tap tables, one launch each,
+# as replication pads do; PyTorch's decomposition of the backward took 144 small ops for a
+# 2-D pad (28x the CPU's time in a style-transfer network). Integer pads keep the
+# decomposition, which wraps a pad as wide as its dim around where the CPU refuses it: the
+# CPU's checks run first.
 def _register_reflection_pad(op, k):
     def kernel(x, padding):
         for a in range(k):
             size, (left, right) = x.shape[-1 - a], padding[2 * a:2 * a + 2]
             if left >= size or right >= size or size + left + right < 1:
                 T.cpu_refusal(op, x, padding)
-        return decomposition_table[op](x, padding)
+        if not isinstance(x, NeuronTensor) or not x.dtype.is_floating_point:
+            return decomposition_table[op](x, padding)
+        meta = meta_check(op, (x, padding))
+        tables = _pad_tables(reflect_taps, k, x.shape[-k:], meta.shape[-k:], padding)
+        return resample(x, meta.shape, k, tables)
 
-    register(op)(kernel)
+    register(op)(keeps_channels_last(0)(kernel))
 
 
-for _op, _k in ((aten.reflection_pad1d.default, 1), (aten.reflection_pad2d.default, 2),
-                (aten.reflection_pad3d.default, 3)):
-    _register_reflection_pad(_op, _k)
+for _k in (1, 2, 3):
+    _register_reflection_pad(getattr(aten, f"reflection_pad{_k}d").default, _k)
 
 
 # Grid sampling has its own file; importing it here registers it with the resampling ops.

@@ -174,3 +174,38 @@ def test_uint8_resize_of_a_view_and_large_downscale():
         got = F.interpolate(x.to("neuron")[:, :, 10:190:2, 5:], size=(7, 9), mode="bilinear",
                             antialias=antialias)
         assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("k, pad", [(1, (3, 1)), (2, (2, 1, 1, 3)), (2, (-1, 3, 2, -1)),
+                                    (3, (1, 2, 0, 3, 2, 1))])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "unbatched"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reflection_pads_and_their_gradients_are_the_cpus(k, pad, layout, dtype):
+    """Note [Reflection pads]: one gather forward, one scatter backward (the decomposition of
+    a 2-D pad's backward took 144 small ops); values to the bit, layouts as the CPU's. (bf16
+    gradients: the CPU adds in bf16, one rounding per add; here in fp32, rounded once.)"""
+    import neuron_eager
+
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn({1: (2, 3, 7), 2: (2, 3, 5, 6), 3: (1, 2, 4, 5, 6)}[k], generator=g)
+    if layout == "unbatched":
+        x = x[0]
+    elif layout == "channels_last":
+        if k == 1:
+            pytest.skip("no channels-last 3-D layout")
+        x = x.to(memory_format=torch.channels_last if k == 2 else torch.channels_last_3d)
+    x = x.to(dtype)
+    results = []
+    for device in ("cpu", "neuron"):
+        leaf = x.to(device).detach().requires_grad_()
+        y = F.pad(leaf, pad, mode="reflect")
+        neuron_eager.clear_op_tracking()
+        y.backward(torch.linspace(-2, 3, y.numel()).view(y.shape).to(dtype).to(device))
+        results.append((y.detach().cpu(), y.stride(), leaf.grad.cpu(), leaf.grad.stride()))
+    (y, y_stride, grad, grad_stride), (y_n, y_stride_n, grad_n, grad_stride_n) = results
+    assert torch.equal(y_n, y) and y_stride_n == y_stride and grad_stride_n == grad_stride
+    tol = {} if dtype == torch.float32 else dict(rtol=0.02, atol=0.1)
+    torch.testing.assert_close(grad_n, grad, **tol)
+    # the backward is one kernel (besides moving the incoming gradient over)
+    assert set(neuron_eager.get_executed_ops()) <= {
+        f"aten::reflection_pad{k}d_backward", "aten::_to_copy", "aten::copy_", "aten::detach"}
