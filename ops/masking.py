@@ -264,8 +264,8 @@ def _masked_scatter_into(out, mask, source):
         raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype "
                            f"{mask.dtype}")
     if source.dtype != out.dtype:
-        raise RuntimeError(f"masked_scatter: expected self and source to have same dtypes but got "
-                           f"{out.dtype} and {source.dtype}")
+        raise RuntimeError(f"masked_scatter: expected self and source to have same dtypes but got"
+                           f"{T.dtype_name(out.dtype)} and {T.dtype_name(source.dtype)}")  # (sic)
     shape = tuple(out.shape)
     n = count_nonzero(mask) * (T.numel(shape) // max(mask.numel(), 1)) if mask.numel() else 0
     if n > source.numel():
