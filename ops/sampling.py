@@ -385,6 +385,9 @@ def native_dropout(x, p, train):
             E.copy_into(T.empty(x.shape, torch.bool), T.from_cpu(torch.tensor(True)))
     if not 0 <= p <= 1:
         raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if 0 < p < 1 and not x.dtype.is_floating_point:  # (the CPU's x * float mask, in place)
+        raise RuntimeError(f"result type Float can't be cast to the desired output type "
+                           f"{T.dtype_name(x.dtype)}")
     code = numerics.CODE[x.dtype]
     kernel = _dropouts.get(code)
     if kernel is None:

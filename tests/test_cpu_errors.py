@@ -291,6 +291,8 @@ ERRORS = {
         torch.ones(2, device=d)),
     "resize_ to preserve_format": lambda d: torch.ones(2, 3, device=d).resize_(
         3, 2, memory_format=torch.preserve_format),
+    "dropout of integers while training": lambda d: F.dropout(_t(d, [1, 2, 3]), 0.5, True),
+    "native_dropout of bools": lambda d: torch.native_dropout(_t(d, [True, False]), 0.5, True),
     "masked_scatter of another dtype": lambda d: torch.zeros(3, device=d).masked_scatter(
         torch.ones(3, dtype=torch.bool, device=d), torch.ones(3, device=d).bfloat16()),
     "index_copy_ of too few indices": lambda d: torch.zeros(2, 3, 4, device=d).index_copy_(
