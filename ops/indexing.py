@@ -519,8 +519,8 @@ def _check_index_copy(x, dim, index, source) -> None:
                            f"but got (self) {T.dtype_name(x.dtype)} and (source) "
                            f"{T.dtype_name(source.dtype)}")
     meta_call(aten.index_copy.default, x, dim, index, source)  # (shapes: the CPU's errors)
-    if isinstance(index, NeuronTensor) and x.dim():
-        check_bounds(index, x.shape[dim], dim, False, "index_copy")
+    if isinstance(index, NeuronTensor):  # (a 0-dim x has one slot)
+        check_bounds(index, x.shape[dim] if x.dim() else 1, dim, False, "index_copy")
 
 
 @register(aten.take.default)

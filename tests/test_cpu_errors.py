@@ -295,6 +295,10 @@ ERRORS = {
     "native_dropout of bools": lambda d: torch.native_dropout(_t(d, [True, False]), 0.5, True),
     "masked_scatter of another dtype": lambda d: torch.zeros(3, device=d).masked_scatter(
         torch.ones(3, dtype=torch.bool, device=d), torch.ones(3, device=d).bfloat16()),
+    "index_copy_ past a 0-dim tensor": lambda d: torch.tensor(1.5, device=d).index_copy_(
+        0, _t(d, 1), torch.tensor(2.0, device=d)),
+    "index_copy_ before a 0-dim tensor": lambda d: torch.tensor(1.5, device=d).index_copy_(
+        0, _t(d, -1), torch.tensor(2.0, device=d)),
     "index_copy_ of too few indices": lambda d: torch.zeros(2, 3, 4, device=d).index_copy_(
         1, _t(d, [1]), torch.ones(2, 2, 4, device=d)),
     # a view's error names the CPU's tensor type, not the meta kernel's (MetaFloatType)
