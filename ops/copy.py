@@ -44,6 +44,8 @@ def warn_float64(dtype: torch.dtype) -> None:
     if dtype == torch.float64 and not _float64_warned and not _float64_inside[0]:
         if called_from_torch_file("amp", "grad_scaler.py"):
             return  # unscale_ takes 1/scale through float64 on every device: not the user's
+        if called_from_torch_file("nn", "functional.py"):
+            return  # batch norm of an empty batch: float64 statistics on any device but CUDA
         _float64_warned = True
         warn_at_user_line("float64 on neuron is stored as float64 but computed in float32, as "
                           "on Trainium (TorchNeuron's policy); expect float32 precision.")

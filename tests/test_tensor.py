@@ -290,6 +290,18 @@ def test_float32_linalg_does_not_warn_of_its_own_float64_tolerances():
         torch.linalg.matrix_rank(a.double().to("neuron"))
 
 
+def test_batch_norm_of_an_empty_batch_does_not_warn_of_float64():
+    # torch makes its statistics in float64 on any device but CUDA; the user has none
+    neuron_eager.ops.copy._float64_warned = False
+    x = torch.randn(0, 3, 5, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = torch.nn.functional.batch_norm(x.to("neuron"), None, None, training=True)
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    with pytest.warns(UserWarning, match="float64 on neuron"):  # still told of its own
+        torch.nn.functional.batch_norm(x.double().to("neuron"), None, None, training=True)
+
+
 def test_moving_a_model_keeps_its_parameters_hooks_and_attributes():
     # .to() keeps each Parameter object (Note in ops/_compat.py); what the user put on it
     # (hooks, flags read to build parameter groups) must stay on it, in both directions
