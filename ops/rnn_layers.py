@@ -17,9 +17,13 @@ as rows (a padded sequence is a packed one whose batch never shrinks):
 Values are the per-step path's up to the order of fp32 sums (a weight gradient is one
 product over all steps, not a sum of per-step products). The per-step path stays for what
 this does not cover: 16-bit layers and autocast (they round after every op, as the CPU
-does), projections (proj_size), and dropout between layers while training (its masks are
-drawn in the decomposition's order). The backward is once-differentiable: a second
-derivative through an RNN layer raises.
+does) and projections (proj_size). The backward is not differentiable: a second derivative
+through an RNN layer raises (Note [No second derivative]).
+
+Note [Dropout between layers]
+While training with dropout, each layer's output but the last goes through aten.dropout,
+as in the decomposition: its rows (steps-major, directions side by side) are the elements of
+the decomposition's (T, B, H) output in the same order, so the masks are the same draws.
 """
 from __future__ import annotations
 
@@ -179,8 +183,7 @@ def _covered(input, hx, params, has_biases, num_layers, dropout, train,
     if not WHOLE_SEQUENCE or any(type(t) is not T.NeuronTensor or t.dtype != torch.float32
                                  for t in tensors):
         return False
-    if input.numel() == 0 or (dropout > 0 and train and num_layers > 1) or \
-            torch.is_autocast_enabled("neuron"):  # (autocast runs the cells in 16 bits)
+    if input.numel() == 0 or torch.is_autocast_enabled("neuron"):  # (autocast: 16-bit cells)
         return False
     per_layer = 4 if has_biases else 2  # (projections add a weight per layer and direction)
     if len(params) != num_layers * (2 if bidirectional else 1) * per_layer:
@@ -193,9 +196,11 @@ def _check_length(input, batch_first) -> None:
         raise RuntimeError("Expected sequence length to be larger than 0 in RNN")  # (the CPU's)
 
 
-def _layers(kind, x, sizes, hx, params, has_biases, num_layers, bidirectional):
+def _layers(kind, x, sizes, hx, params, has_biases, num_layers, dropout, train,
+            bidirectional):
     """The layers in turn over rows x (N, I) with `sizes` rows a step, each direction one
-    _Layer: (outputs (N, directions * H), h_n stacked[, c_n stacked])."""
+    _Layer, dropout between layers while training: (outputs (N, directions * H), h_n
+    stacked[, c_n stacked]). (Note [Dropout between layers])"""
     per_layer = 4 if has_biases else 2
     directions = 2 if bidirectional else 1
     last_h, last_c = [], []
@@ -212,8 +217,34 @@ def _layers(kind, x, sizes, hx, params, has_biases, num_layers, bidirectional):
             if kind == "lstm":
                 last_c.append(result[2])
         x = outputs[0] if directions == 1 else aten.cat.default(outputs, 1)
+        if dropout > 0 and train and layer < num_layers - 1:
+            x = aten.dropout.default(x, dropout, train)
     states = [aten.stack.default(last_h)]
     return x, *states, *([aten.stack.default(last_c)] if kind == "lstm" else [])
+
+
+def _per_step(op, kind, inputs, hx, params, has_biases, num_layers, dropout, train,
+              bidirectional, tail):
+    """PyTorch's decomposition of `op` (a cell per step), a layer at a time with dropout
+    between layers while training: the decomposition never applies it (its condition
+    `num_layers < i - 1` is never true), so nn.LSTM(dropout=p) trained without dropout."""
+    def decompose(x, states, weights, layers, p):
+        return op.decompose(x, *inputs[1:], states if kind == "lstm" else states[0], weights,
+                            has_biases, layers, p, train, bidirectional, *tail)
+
+    if not (dropout > 0 and train and num_layers > 1):
+        return decompose(inputs[0], hx, params, num_layers, dropout)
+    directions = 2 if bidirectional else 1
+    per_layer = len(params) // (num_layers * directions)
+    x, finals = inputs[0], []
+    for layer in range(num_layers):
+        rows = slice(layer * directions, (layer + 1) * directions)
+        weights = params[layer * directions * per_layer:(layer + 1) * directions * per_layer]
+        x, *states = decompose(x, [h[rows] for h in hx], weights, 1, 0.0)
+        finals.append(states)
+        if layer < num_layers - 1:
+            x = aten.dropout.default(x, dropout, train)
+    return x, *[aten.cat.default(list(parts)) for parts in zip(*finals)]
 
 
 def _sequence(kind, input, hx, params, has_biases, num_layers, dropout, train,
@@ -222,14 +253,13 @@ def _sequence(kind, input, hx, params, has_biases, num_layers, dropout, train,
     _check_length(input, batch_first)
     if input.dim() != 3 or not _covered(input, hx, params, has_biases, num_layers, dropout,
                                         train, bidirectional):
-        op = getattr(aten, kind).input
-        return op.decompose(input, hx if kind == "lstm" else hx[0], params, has_biases,
-                            num_layers, dropout, train, bidirectional, batch_first)
+        return _per_step(getattr(aten, kind).input, kind, (input,), hx, params, has_biases,
+                         num_layers, dropout, train, bidirectional, (batch_first,))
     x = aten.transpose.int(input, 0, 1) if batch_first else input
     steps, batch = x.shape[0], x.shape[1]
     sizes = np.full(steps, batch, np.int64)
     out, *states = _layers(kind, aten.reshape.default(x, [steps * batch, x.shape[2]]), sizes,
-                           hx, params, has_biases, num_layers, bidirectional)
+                           hx, params, has_biases, num_layers, dropout, train, bidirectional)
     out = aten.view.default(out, [steps, batch, out.shape[1]])
     return (aten.transpose.int(out, 0, 1) if batch_first else out), *states
 
@@ -240,12 +270,11 @@ def _packed(kind, data, batch_sizes, hx, params, has_biases, num_layers, dropout
     if data.dim() != 2 or not isinstance(batch_sizes, torch.Tensor) or \
             batch_sizes.device.type != "cpu" or not _covered(
                 data, hx, params, has_biases, num_layers, dropout, train, bidirectional):
-        op = getattr(aten, kind).data
-        return op.decompose(data, batch_sizes, hx if kind == "lstm" else hx[0], params,
-                            has_biases, num_layers, dropout, train, bidirectional)
+        return _per_step(getattr(aten, kind).data, kind, (data, batch_sizes), hx, params,
+                         has_biases, num_layers, dropout, train, bidirectional, ())
     sizes = batch_sizes.to(torch.int64).contiguous().numpy().copy()
-    return tuple(_layers(kind, data, sizes, hx, params, has_biases, num_layers,
-                         bidirectional))
+    return tuple(_layers(kind, data, sizes, hx, params, has_biases, num_layers, dropout,
+                         train, bidirectional))
 
 
 def _kernels(kind: str):

@@ -175,3 +175,45 @@ def test_a_second_derivative_raises_whichever_way_it_is_taken(kind):
                 penalty.backward()
             else:
                 torch.autograd.grad(penalty, [x, *layer.parameters()], allow_unused=True)
+
+
+def _two_layers_by_hand(layer, x, p):
+    """`layer` (2 layers, dropout p) as two 1-layer copies with F.dropout between them."""
+    first, second = (getattr(torch.nn, type(layer).__name__)(
+        layer.input_size if i == 0 else layer.hidden_size * (2 if layer.bidirectional else 1),
+        layer.hidden_size, num_layers=1, bidirectional=layer.bidirectional)
+        .to(next(layer.parameters()).dtype).to(NEURON) for i in range(2))
+    state = layer.state_dict()
+    for i, half in enumerate((first, second)):
+        half.load_state_dict({k.replace(f"_l{i}", "_l0"): v for k, v in state.items()
+                              if f"_l{i}" in k})
+    hidden = first(x)[0]
+    if isinstance(hidden, torch.nn.utils.rnn.PackedSequence):
+        dropped = torch.nn.functional.dropout(hidden.data, p, True)
+        return second(hidden._replace(data=dropped))[0]
+    return second(torch.nn.functional.dropout(hidden, p, True))[0]
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("case", ["fp32", "bf16 (per step)", "bidirectional", "packed"])
+def test_dropout_between_layers_is_applied_while_training(kind, case):
+    """Note [Dropout between layers]: PyTorch's decomposition never applies it (a sweep
+    found nn.LSTM(dropout=0.5) training without it); each path now does, with the masks a
+    1-layer stack with F.dropout between draws."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if case.startswith("bf16") else torch.float32
+    layer = getattr(torch.nn, kind)(5, 12, num_layers=2, dropout=0.5,
+                                    bidirectional=case == "bidirectional").to(dtype).to(NEURON)
+    x = torch.randn(9, 4, 5).to(dtype).to(NEURON)
+    if case == "packed":
+        x = torch.nn.utils.rnn.pack_padded_sequence(x, [9, 7, 7, 2])
+    out = (lambda y: y.data if case == "packed" else y)
+    layer.eval()
+    without = out(layer(x)[0]).cpu()
+    layer.train()
+    torch.neuron.manual_seed(3)
+    trained = out(layer(x)[0]).cpu()
+    torch.neuron.manual_seed(3)
+    by_hand = out(_two_layers_by_hand(layer, x, 0.5)).cpu()
+    assert not torch.equal(trained, without)
+    assert torch.equal(trained, by_hand)
