@@ -602,6 +602,13 @@ def scatter(x, dim, index, src):
 
 @register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(x, dim, index, value):
+    index, value = check_index_fill(x, dim, index, value)
+    return _shaped(index_fill_into(_clone(_as1d(x)), dim, index, value), x)
+
+
+def check_index_fill(x, dim, index, value):
+    """The CPU's checks of index_fill(_): (the index on the device as int64, the value as a
+    Python scalar)."""
     if isinstance(value, torch.Tensor):
         if value.dim() != 0:
             raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got "
@@ -614,15 +621,19 @@ def index_fill(x, dim, index, value):
         raise RuntimeError("Index has to be a vector/scalar")
     meta_call(aten.index_fill.int_Scalar, x, dim, index, value)
     index = as_long(index)
-    x1 = _as1d(x)
+    check_bounds(index, x.shape[dim] if x.dim() else 1, dim, True, "index")
+    return index, value
+
+
+def index_fill_into(out, dim, index, value):
+    """`value` into out's slices along dim at `index` (checked), in place."""
+    x1 = _as1d(out)
     dim = dim % x1.dim()
-    check_bounds(index, x1.shape[dim], dim, True, "index")
-    out = _clone(x1)
-    shape = list(out.shape)
+    shape = list(x1.shape)
     shape[dim] = index.numel()
-    put(out, T.from_cpu(torch.tensor(value, dtype=x.dtype)), dim, index.reshape(-1), shape,
+    put(x1, T.from_cpu(torch.tensor(value, dtype=out.dtype)), dim, index.reshape(-1), shape,
         [0] * len(shape), _dim_only(index.reshape(-1), len(shape), dim))
-    return _shaped(out, x)
+    return out
 
 
 _REDUCE_NAMES = {"add": "sum", "multiply": "prod", "sum": "sum", "prod": "prod", "mean": "mean",

@@ -299,6 +299,8 @@ ERRORS = {
         0, _t(d, 1), torch.tensor(2.0, device=d)),
     "index_copy_ before a 0-dim tensor": lambda d: torch.tensor(1.5, device=d).index_copy_(
         0, _t(d, -1), torch.tensor(2.0, device=d)),
+    "index_fill_ of its own index": lambda d: (lambda x: x.index_fill_(0, x[:1], 0))(
+        torch.arange(5, device=d)),
     "index_copy_ of too few indices": lambda d: torch.zeros(2, 3, 4, device=d).index_copy_(
         1, _t(d, [1]), torch.ones(2, 2, 4, device=d)),
     # a view's error names the CPU's tensor type, not the meta kernel's (MetaFloatType)

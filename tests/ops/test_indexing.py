@@ -514,3 +514,25 @@ def test_index_copy_writes_what_the_cpu_writes(case):
     assert dev.stride() == x.stride()
     for got in (out, dev):
         assert torch.equal(got.cpu(), expected)
+
+
+INDEX_FILLS = {  # index_fill_ writes in place (it filled a copy, then copied it back)
+    "columns": lambda d: torch.arange(12., device=d).view(3, 4).index_fill_(
+        1, torch.tensor([0, 3], device=d), -1.0),
+    "a row of a transposed view": lambda d: torch.arange(12., device=d).view(3, 4).t()
+    .index_fill_(0, torch.tensor([2], device=d), 5),
+    "0-dim": lambda d: torch.tensor(3., device=d).index_fill_(0, torch.tensor(0, device=d), 7.),
+    "a tensor value, negative index": lambda d: torch.arange(6, device=d).index_fill_(
+        0, torch.tensor([1, -1], device=d), torch.tensor(9, device=d)),
+    "an expanded tensor": lambda d: torch.zeros(3, device=d).expand(2, 3).index_fill_(
+        1, torch.tensor([1], device=d), 1.0),
+}
+
+
+@pytest.mark.parametrize("name", INDEX_FILLS)
+def test_index_fill_writes_what_the_cpu_writes(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the expanded tensor's deprecation, on both)
+        got, expected = INDEX_FILLS[name]("neuron"), INDEX_FILLS[name]("cpu")
+    assert got.stride() == expected.stride()
+    assert torch.equal(got.cpu(), expected)
