@@ -19,7 +19,7 @@ from math import prod
 
 from neuron_eager.device_sim import config
 
-from . import codegen, fusion, recording
+from . import codegen, fusion, interrupts, recording
 from .recording import flush, options
 
 __all__ = ["enable", "disable", "is_enabled", "adaptive_eager", "flush", "stats", "explain",
@@ -29,6 +29,7 @@ __all__ = ["enable", "disable", "is_enabled", "adaptive_eager", "flush", "stats"
 def enable() -> None:
     """Record fusible ops from now on (all threads)."""
     recording.install()
+    interrupts.install()  # Ctrl-C waits for a consistent state (Note [Interrupts])
 
 
 def disable() -> None:

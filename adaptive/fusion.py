@@ -700,7 +700,7 @@ def run_region(region, reason: str) -> None:
             else:
                 _run_ops(region, values, g)
                 mode = f"op by op (sighting {plan.seen})" if g.spec is not None else "op by op"
-        except Exception as e:
+        except BaseException as e:  # (an interrupt other than SIGINT's too: Note [Interrupts])
             modes.append(f"failed: {type(e).__name__}")
             _remember(region, reason, plan, modes, launched, moved)  # explain() shows it
             for later in nodes:
@@ -711,6 +711,8 @@ def run_region(region, reason: str) -> None:
             # (made in a call, not kept in a local: this frame, held by the error's
             # traceback, would hold the error, a cycle keeping the region's HBM until the
             # garbage collector ran, so a retry after an out-of-memory error failed again)
+            if not isinstance(e, Exception):
+                raise
             raise _failure(nodes[getattr(e, "adaptive_node", g.nodes[0])], e) from e
         finally:
             _give_storage(nodes, values, g.all_nodes())
@@ -733,9 +735,12 @@ def _remember(region, reason: str, plan: Plan, modes: list, launched: int, moved
 
 
 def _failure(node, e: Exception) -> Exception:
-    """The error of a region whose op `node` failed (fused: the group's first op) with `e`."""
+    """The error of a region whose op `node` failed (fused: the group's first op) with `e`:
+    a RuntimeError, or of e's type for an out-of-memory error and a warning raised as an
+    error (warnings.simplefilter("error")), so that `except` clauses catch them as in plain
+    eager."""
     kind = T.NeuronOutOfMemoryError if isinstance(e, torch.OutOfMemoryError) else \
-        RuntimeError  # (so `except torch.OutOfMemoryError` still catches it)
+        type(e) if isinstance(e, Warning) else RuntimeError
     return kind(f"adaptive eager: running {node.op.name} recorded at "
                 f"{node.where[0]}:{node.where[1]} failed: {e}")
 

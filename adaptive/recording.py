@@ -6,7 +6,7 @@ NeuronTensor with shape, dtype and strides but no storage yet, whose `_node` nam
 recorded op. Any other op flushes the pending region first if it reads a pending tensor or
 may write memory; reading a pending tensor's data anywhere (print, `.item()`, `.cpu()`,
 kernels) flushes through the tensor's pending hook. One region is shared by all threads
-(autograd's backward runs on its own), guarded by one lock.
+(autograd's backward runs on its own), guarded by one lock (Ctrl-C waits: interrupts.py).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from neuron_eager.ops.sourceline import user_frame, warn_at_user_line
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.router import native_counter
 
-from . import plans
+from . import interrupts, plans
 
 NeuronTensor = T.NeuronTensor
 aten = torch.ops.aten
@@ -145,7 +145,7 @@ class Region:
 # allocator is entered from inside itself. So nodes hold their region's serial number,
 # pending tensors hold their node, nodes hold weak references to their results, and a failed
 # region keeps its error as text.
-_lock = threading.RLock()
+_lock = interrupts.Guard(threading.RLock())  # (Note [Interrupts])
 _region = Region()
 active = False  # recording on (the dispatcher may stay wrapped, e.g. by the profiler)
 _inner = None  # the dispatcher that was installed before adaptive eager

@@ -391,8 +391,12 @@ class NeuronTensor(torch.Tensor):
         is the simulated address where the memory begins and `nbytes()` its size, the same
         for every view of it. safetensors and transformers' save_pretrained find tensors that
         share memory this way (a Python device's storage would raise on data_ptr)."""
+        memory = self._storage
         storage = _UNTYPED_STORAGE(self)
-        memory = storage._neuron_memory = self._storage  # for set_(storage): ops/views.py
+        if _STORAGE_NBYTES(storage) != memory.nbytes:  # (a view's reaches only as far as it)
+            storage = _UNTYPED_STORAGE(_make_wrapper(NeuronTensor, (memory.nbytes,),
+                                                     dtype=torch.uint8, device=DEVICE))
+        storage._neuron_memory = memory  # for set_(storage): ops/views.py
         storage.data_ptr = partial(_storage_address, memory)
         storage.nbytes = storage.size = partial(_storage_nbytes, memory)
         storage.cpu = partial(_storage_to_host, memory)
@@ -449,6 +453,7 @@ _compat.keep_dynamo_out(NeuronTensor.__torch_dispatch__.__func__)
 NeuronTensor.__name__ = "Tensor"
 _TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
 _UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
+_STORAGE_NBYTES = torch._C.StorageBase.nbytes  # (the C++ size: len(), indexing, printing)
 
 
 def _storage_address(memory: NeuronStorage) -> int:

@@ -128,6 +128,19 @@ def test_storages_print_index_and_set_like_the_cpus():
     assert neuron_eager.get_fallback_ops() == {}
 
 
+def test_the_storage_of_a_view_is_its_whole_memory():
+    """A view's storage is the whole memory, as the CPU's: a view from offset 0 that ends
+    early gave a storage whose len() and indexing stopped where the view did."""
+    cpu = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    dev = cpu.to("neuron")
+    for view in (slice(None, 1), slice(1, None)):
+        s, c = dev[view].untyped_storage(), cpu[view].untyped_storage()
+        assert len(s) == len(c) == s.nbytes() == 48
+        assert s[47] == c[47] and s.tolist() == c.tolist()
+        assert str(s) == str(c).replace("device=cpu", "device=neuron:0")
+        assert s.data_ptr() == dev.untyped_storage().data_ptr()
+
+
 @pytest.mark.parametrize("weights_only", [True, False])
 def test_saved_neuron_tensors_keep_sharing_memory_as_on_cuda(weights_only):
     """Note [Saving storages]: one storage per memory, tagged neuron:0; tied weights and

@@ -3,6 +3,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
+
+import pytest
+import torch
+
+import neuron_eager
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -61,3 +67,20 @@ def test_print_and_pdb_show_eager_values_under_adaptive_eager(tmp_path):
     plain_values = _values(plain)
     assert len(plain_values) == 3 + 3 * 2  # 3 prints, 2 pdb answers at each breakpoint
     assert _values(adaptive) == plain_values  # bit-identical values, as printed
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["plain", "adaptive"])
+def test_a_warning_raised_as_an_error_keeps_its_type(adaptive, monkeypatch):
+    """With warnings as errors (pytest -W error), a recorded op's warning surfaces at the
+    sync point as the same warning class, so `except UserWarning` catches it in both modes
+    (it came as a RuntimeError)."""
+    from neuron_eager.ops import numerics
+
+    monkeypatch.setattr(numerics, "_wrap_warned", set())
+    x = torch.full((4,), 2 ** 30, device="neuron", dtype=torch.int64)
+    with neuron_eager.adaptive_eager(adaptive), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="left the int32 range"):
+            for _ in range(3):
+                c = (x + 1) * 2
+            c.tolist()
