@@ -19,7 +19,8 @@ from neuron_eager.device_sim import core
 from large_kernels import median_ms  # (benchmarks/ is on the path of a script run here)
 from neuron_eager.ops import rnn_layers
 
-CONFIGS = [("LSTM", dict(num_layers=2)), ("LSTM", dict(num_layers=1, bidirectional=True)),
+CONFIGS = [("LSTM", dict(num_layers=2)), ("LSTM", dict(num_layers=2, dropout=0.2)),
+           ("LSTM", dict(num_layers=1, bidirectional=True)),
            ("GRU", dict(num_layers=2)), ("RNN", dict(num_layers=2, nonlinearity="relu"))]
 
 

@@ -471,22 +471,28 @@ for _k in (1, 2, 3):
 
 
 # Note [Reflection pads]
-# Reflection pads gather (and their gradients scatter) through tap tables, one launch each,
-# as replication pads do; PyTorch's decomposition of the backward took 144 small ops for a
-# 2-D pad (28x the CPU's time in a style-transfer network). Integer pads keep the
-# decomposition, which wraps a pad as wide as its dim around where the CPU refuses it: the
-# CPU's checks run first.
+# A reflection pad picks its elements along each padded dim by the taps' indices, one copy
+# launch, and its gradient scatters through the tap tables, as replication pads' do;
+# PyTorch's decomposition of the backward took 144 small ops for a 2-D pad (28x the CPU's
+# time in a style-transfer network). The decomposition wraps a pad as wide as its dim
+# around where the CPU refuses it: the CPU's checks run first.
 def _register_reflection_pad(op, k):
     def kernel(x, padding):
         for a in range(k):
             size, (left, right) = x.shape[-1 - a], padding[2 * a:2 * a + 2]
             if left >= size or right >= size or size + left + right < 1:
                 T.cpu_refusal(op, x, padding)
-        if not isinstance(x, NeuronTensor) or not x.dtype.is_floating_point:
+        if not isinstance(x, NeuronTensor):
             return decomposition_table[op](x, padding)
         meta = meta_check(op, (x, padding))
-        tables = _pad_tables(reflect_taps, k, x.shape[-k:], meta.shape[-k:], padding)
-        return resample(x, meta.shape, k, tables)
+        out = T.empty(meta.shape, x.dtype)
+        picked = x._nd  # (the elements, any dtype: a copy, nothing computed)
+        for a, (index, _) in enumerate(_pad_tables(reflect_taps, k, x.shape[-k:],
+                                                   meta.shape[-k:], padding)):
+            picked = np.take(picked, index.reshape(-1), axis=a - k)
+        out._nd[...] = picked
+        core.launch("dma", out.numel(), x._nd.nbytes + out._nd.nbytes)
+        return out
 
     register(op)(keeps_channels_last(0)(kernel))
 

@@ -181,7 +181,7 @@ def test_uint8_resize_of_a_view_and_large_downscale():
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "unbatched"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reflection_pads_and_their_gradients_are_the_cpus(k, pad, layout, dtype):
-    """Note [Reflection pads]: one gather forward, one scatter backward (the decomposition of
+    """Note [Reflection pads]: one copy forward, one scatter backward (the decomposition of
     a 2-D pad's backward took 144 small ops); values to the bit, layouts as the CPU's. (bf16
     gradients: the CPU adds in bf16, one rounding per add; here in fp32, rounded once.)"""
     import neuron_eager
