@@ -99,6 +99,10 @@ def reset_stats() -> None:
     fusion.history.clear()
 
 
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
 def _at(file: str, line: int) -> str:
     """file:line, or the file alone for a backward op (no line: "<autograd backward: ...>")."""
     return f"{file}:{line}" if line else file
@@ -110,7 +114,7 @@ def explain(last: int = 5) -> str:
     loaded from the disk cache or a cache hit) and its elements."""
     lines = []
     for reason, count, plan, modes, wheres, site in list(fusion.history)[-last:]:
-        lines.append(f"region of {count} ops, flushed by {_REASONS.get(reason, reason)} at "
+        lines.append(f"region of {_count(count, 'op')}, flushed by {_REASONS.get(reason, reason)} at "
                      f"{_at(*site)}:")
         for g, mode in zip(plan.groups, modes):
             name = lambda j: plan.names[j].removesuffix("_plain")  # noqa: E731  (add_plain: add)
@@ -122,7 +126,7 @@ def explain(last: int = 5) -> str:
             at = ", ".join(f"{_at(f, n)} ({', '.join(dict.fromkeys(names))})"
                            for (f, n), names in sorted(by_line.items()))
             elements = sum(prod(member.shape) for member in g.batch)
-            lines.append(f"  {ops}  [{mode}, {elements} elements]  at {at}")
+            lines.append(f"  {ops}  [{mode}, {_count(elements, 'element')}]  at {at}")
     return "\n".join(lines) if lines else "no regions run yet"
 
 
