@@ -56,6 +56,5 @@ def test_ctrl_c_waits_until_what_was_recorded_is_consistent(where, monkeypatch):
 
 
 def test_ctrl_c_elsewhere_interrupts_at_once():
-    with neuron_eager.adaptive_eager():
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
+    with neuron_eager.adaptive_eager(), pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
