@@ -29,7 +29,7 @@ __all__ = ["enable", "disable", "is_enabled", "adaptive_eager", "flush", "stats"
 def enable() -> None:
     """Record fusible ops from now on (all threads)."""
     recording.install()
-    interrupts.install()  # Ctrl-C waits for a consistent state (Note [Interrupts])
+    interrupts.install(recording._lock)  # Ctrl-C waits (Note [Interrupts])
 
 
 def disable() -> None:

@@ -1,71 +1,71 @@
-"""Ctrl-C waits while adaptive eager records an op or runs a region.
+"""Ctrl-C lands in the user's code, not inside the simulator, once adaptive eager is on.
 
 Note [Interrupts]
 A KeyboardInterrupt raised between two bytecodes of the recorder or of a flush left its
 state half made: an in-place op whose tensor had handed its memory to the region but had no
 node yet, a region whose first groups ran and the rest never did. The tensors then read as
 "never computed", or an accumulator silently lost the update its line had made (a notebook's
-interrupt during a kernel's compile). So SIGINT goes through `_handler` once adaptive eager
-is on: while the main thread is inside `Guard` (recording, flushing) it only notes the
-signal, and the outermost exit hands it to the handler that was installed before (Python's
-raises KeyboardInterrupt there, at the user's line, with every recorded op done as plain
-eager would have done it). Other threads are not interrupted by Python anyway. Only SIGINT:
-a handler of another signal that raises still lands anywhere.
+interrupt during a kernel's compile); one landing in a storage's finalizer was swallowed
+("Exception ignored in NeuronStorage.__del__"), or cut the allocator's bookkeeping short.
+So once adaptive eager is on, SIGINT goes through `_handler`: while the main thread runs
+neuron-eager's code (any of its frames on the stack, or the recorder's lock held) the signal
+waits, and a helper thread signals again a moment later; the handler that was installed
+before (Python's raises KeyboardInterrupt) runs when the main thread is back in other code,
+with every op it issued done as plain eager would have done it. Nothing is added to the
+ops' own path. Only SIGINT: a handler of another signal that raises still lands anywhere.
 """
 from __future__ import annotations
 
+import _thread
 import signal
 import threading
+import time
 
-_MAIN = threading.main_thread().ident
-_depth = 0  # the main thread's nesting inside Guard
-_pending = None  # (signum, frame) of a SIGINT that came while inside
+from neuron_eager.ops.sourceline import _internal_dirs
+
 _chained = None  # the SIGINT handler installed before ours
+_lock = None  # the recorder's lock (an RLock)
+_again = threading.Event()  # set by a held SIGINT: signal once more, a moment later
+_RETRY_S = 0.002
 
 
-def install() -> None:
-    """Route SIGINT through `_handler` (from the main thread, over a Python handler only:
-    SIG_DFL and SIG_IGN stay as they are)."""
-    global _chained
-    if threading.get_ident() != _MAIN:
+def install(lock) -> None:
+    """Route SIGINT through `_handler`, holding it while the main thread runs our code or
+    holds `lock` (from the main thread, over a Python handler only: SIG_DFL and SIG_IGN stay
+    as they are)."""
+    global _chained, _lock
+    if threading.current_thread() is not threading.main_thread():
         return
     current = signal.getsignal(signal.SIGINT)
     if current is _handler or not callable(current):
         return
-    _chained = current
+    _chained, _lock = current, lock
     signal.signal(signal.SIGINT, _handler)
+    threading.Thread(target=_signal_again, name="neuron-eager-interrupts", daemon=True).start()
+
+
+def _inside(frame) -> bool:
+    """Whether the main thread (whose current frame the handler gets) is in our code."""
+    if _lock._is_owned():
+        return True
+    ours = _internal_dirs()[1:]  # (torch's first)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(ours):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _handler(signum, frame):
-    global _pending
-    if _depth:
-        _pending = (signum, frame)
+    if _inside(frame):
+        _again.set()
         return
     _chained(signum, frame)
 
 
-class Guard:
-    """`with guard:` holds `lock`; a SIGINT meanwhile is delivered at the outermost exit."""
-
-    __slots__ = ("lock",)
-
-    def __init__(self, lock):
-        self.lock = lock
-
-    def __enter__(self):
-        global _depth
-        self.lock.acquire()
-        if threading.get_ident() == _MAIN:
-            _depth += 1
-
-    def __exit__(self, *exc_info):
-        global _depth, _pending
-        deliver = None
-        if threading.get_ident() == _MAIN:
-            _depth -= 1
-            if not _depth and _pending is not None:
-                deliver, _pending = _pending, None
-        self.lock.release()
-        if deliver is not None:
-            _chained(*deliver)
-        return False
+def _signal_again() -> None:
+    while True:
+        _again.wait()
+        _again.clear()
+        time.sleep(_RETRY_S)
+        _thread.interrupt_main(signal.SIGINT)

@@ -25,7 +25,7 @@ from neuron_eager.ops.sourceline import user_frame, warn_at_user_line
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.router import native_counter
 
-from . import interrupts, plans
+from . import plans
 
 NeuronTensor = T.NeuronTensor
 aten = torch.ops.aten
@@ -145,7 +145,7 @@ class Region:
 # allocator is entered from inside itself. So nodes hold their region's serial number,
 # pending tensors hold their node, nodes hold weak references to their results, and a failed
 # region keeps its error as text.
-_lock = interrupts.Guard(threading.RLock())  # (Note [Interrupts])
+_lock = threading.RLock()  # (Ctrl-C waits while it is held: Note [Interrupts])
 _region = Region()
 active = False  # recording on (the dispatcher may stay wrapped, e.g. by the profiler)
 _inner = None  # the dispatcher that was installed before adaptive eager

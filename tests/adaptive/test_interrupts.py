@@ -2,6 +2,7 @@
 adaptive/interrupts.py): the KeyboardInterrupt comes at the user's line, after the recorded
 ops are done, and every tensor keeps the value plain eager gives it."""
 import signal
+import time
 
 import pytest
 import torch
@@ -29,6 +30,13 @@ def _interrupting(monkeypatch, name):
     monkeypatch.setattr(recording, name, run)
 
 
+def _wait_for_the_interrupt():
+    """The held interrupt comes once the recorder's lock is free, from another thread: it
+    lands a moment later, as a Ctrl-C does."""
+    for _ in range(5000):
+        time.sleep(0.001)
+
+
 @pytest.mark.parametrize("where", ["run_region", "_add_node"])
 def test_ctrl_c_waits_until_what_was_recorded_is_consistent(where, monkeypatch):
     """Interrupted in a flush (a kernel's compile) or while recording an in-place op, the
@@ -49,6 +57,7 @@ def test_ctrl_c_waits_until_what_was_recorded_is_consistent(where, monkeypatch):
                 acc.sum().item()  # the flush is interrupted
             else:
                 acc.add_(1.0)  # its recording is interrupted: the KeyboardInterrupt comes after
+            _wait_for_the_interrupt()
         if where == "run_region":
             acc.add_(1.0)
         assert torch.equal(acc.cpu(), expected)
