@@ -114,8 +114,8 @@ def explain(last: int = 5) -> str:
     loaded from the disk cache or a cache hit) and its elements."""
     lines = []
     for reason, count, plan, modes, wheres, site in list(fusion.history)[-last:]:
-        lines.append(f"region of {_count(count, 'op')}, flushed by {_REASONS.get(reason, reason)} at "
-                     f"{_at(*site)}:")
+        lines.append(f"region of {_count(count, 'op')}, flushed by "
+                     f"{_REASONS.get(reason, reason)} at {_at(*site)}:")
         for g, mode in zip(plan.groups, modes):
             name = lambda j: plan.names[j].removesuffix("_plain")  # noqa: E731  (add_plain: add)
             ops = " | ".join(" -> ".join(name(j) for j in member.nodes)

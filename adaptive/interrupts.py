@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 
-from neuron_eager.ops.sourceline import _internal_dirs
+from neuron_eager.ops.sourceline import ours_on_stack
 
 _chained = None  # the SIGINT handler installed before ours
 _lock = None  # the recorder's lock (an RLock)
@@ -46,14 +46,7 @@ def install(lock) -> None:
 
 def _inside(frame) -> bool:
     """Whether the main thread (whose current frame the handler gets) is in our code."""
-    if _lock._is_owned():
-        return True
-    ours = _internal_dirs()[1:]  # (torch's first)
-    while frame is not None:
-        if frame.f_code.co_filename.startswith(ours):
-            return True
-        frame = frame.f_back
-    return False
+    return _lock._is_owned() or ours_on_stack(frame)
 
 
 def _handler(signum, frame):

@@ -54,8 +54,9 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             values.append(args[i] if i < len(args) else kwargs.get(pname, default))
         operands_ = args[:operands]
         if values and params[0][0] == "alpha":
-            numerics.check_alpha(values[0], E.result_type(*operands_))
-        elif checked_params:
+            if not (type(values[0]) is int and -127 <= values[0] <= 127):  # (fits any dtype)
+                numerics.check_alpha(values[0], E.result_type(*operands_))
+        elif checked_params and not _fit_float_compute(operands_, values):
             dtype = E.result_type(*operands_)
             for v in values:
                 numerics.check_fits_compute(v, dtype)
@@ -98,6 +99,19 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             return op, ops, values
 
     return op
+
+
+def _fit_float_compute(operands, values) -> bool:
+    """Whether checked parameters fit without the result's dtype being needed (it takes
+    microseconds to find): float tensors, so fp32 compute or wider, and finite numbers within
+    fp32's range. An optimizer's addcmul_, addcdiv_ and lerp_ on every step."""
+    for o in operands:
+        if isinstance(o, torch.Tensor) and not o.dtype.is_floating_point:
+            return False
+    for v in values:
+        if not ((type(v) is float or type(v) is int) and -3.4e38 < v < 3.4e38):
+            return False
+    return True
 
 
 # Note [Reduced-precision scalars]

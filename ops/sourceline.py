@@ -112,3 +112,13 @@ def called_from_torch_file(*parts: str) -> bool:
             return name.endswith(tail)
         frame = frame.f_back
     return False
+
+
+def ours_on_stack(frame) -> bool:
+    """Whether `frame` or any frame it was called from runs neuron-eager's code."""
+    ours = _internal_dirs()[1:]  # (torch's folder comes first)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(ours):
+            return True
+        frame = frame.f_back
+    return False
