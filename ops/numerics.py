@@ -357,6 +357,8 @@ def check_fits(value, dtype: torch.dtype) -> None:
     clamp, masked_fill, index_fill): integers out of the type's range (an unsigned type takes
     integers from -max, floats from 0, as c10 allows), finite floats beyond its largest value.
     Infinities and NaN fit floats."""
+    if type(value) is int and -127 <= value <= 127:
+        return  # (fits every type: the usual 1s and 0s of beta, alpha, limits)
     if dtype == torch.bool or dtype == torch.float64 or isinstance(value, bool):
         return
     if isinstance(value, complex):  # c10 converts a complex scalar with no imaginary part
