@@ -445,6 +445,19 @@ def torch_lapack_library():
         return None
 
 
+def torch_cpu_address(name: str) -> int | None:
+    """The address of C function `name` exported by torch's CPU library (libtorch_cpu: MKL
+    is linked into it on x86-64 Linux), or None."""
+    import ctypes
+    import os
+
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        return ctypes.cast(getattr(ctypes.CDLL(path), name), ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
 def install_profiler_hooks(on_start, on_stop, on_results, on_export) -> None:
     """Let the simulated device take part in torch.profiler (both torch.profiler.profile and
     torch.autograd.profiler.profile run through the latter's methods).

@@ -200,28 +200,50 @@ def fma(typingctx, x, y, z):
     return x(x, y, z), codegen
 
 
+@intrinsic
+def fetch_add(typingctx, counter, value):
+    """Atomically add `value` to counter[0] (a 1-D int64 array) and return the old value:
+    threads running one kernel claim work items from a shared counter."""
+    if not (isinstance(counter, nbtypes.Array) and counter.dtype == nbtypes.int64
+            and isinstance(value, nbtypes.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, value=args[0]).data
+        step = context.cast(builder, args[1], signature.args[1], nbtypes.int64)
+        return builder.atomic_rmw("add", data, step, "seq_cst")
+
+    return nbtypes.int64(counter, value), codegen
+
+
 # Note [Native calls by symbol]
 # A kernel holding a ctypes function holds its address, which is new in every process, so
 # Numba cannot keep such a kernel on disk and every process compiled it again (1.8 s for a
 # first torch.linalg.inv). `native_call` registers the address with LLVM under a name of
 # ours (llvmlite's add_symbol) and returns a jitted call of that name: machine code read
 # from disk is linked to this process's address when it is loaded.
-def native_call(symbol: str, address: int, nargs: int):
-    """A jitted call of the C function at `address` taking `nargs` pointer-sized integer
-    arguments and returning nothing (a result is ignored), by the LLVM name `symbol`."""
+def native_call(symbol: str, address: int, nargs: int, floats: tuple = ()):
+    """A jitted call of the C function at `address` taking `nargs` arguments and returning
+    nothing (a result is ignored), by the LLVM name `symbol`: C floats at the positions in
+    `floats`, pointer-sized integers (pointers, C ints) elsewhere."""
     llvm.add_symbol(symbol, address)
 
     @intrinsic
     def call(typingctx, *args):
-        if len(args) != nargs or not all(isinstance(a, nbtypes.Integer) for a in args):
+        if len(args) != nargs or not all(isinstance(a, nbtypes.Float if i in floats
+                                                    else nbtypes.Integer)
+                                         for i, a in enumerate(args)):
             return None
 
         def codegen(context, builder, signature, llargs):
             pointer = ir.IntType(8).as_pointer()
+            kinds = [ir.FloatType() if i in floats else pointer for i in range(nargs)]
             fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [pointer] * nargs), symbol)
+                builder.module, ir.FunctionType(ir.VoidType(), kinds), symbol)
             values = cgutils.unpack_tuple(builder, llargs[0], nargs) if nargs else []
-            builder.call(fn, [builder.inttoptr(v, pointer) for v in values])
+            builder.call(fn, [context.cast(builder, v, t, nbtypes.float32) if i in floats
+                              else builder.inttoptr(v, pointer)
+                              for i, (v, t) in enumerate(zip(values, args))])
             return context.get_dummy_value()
 
         return nbtypes.void(nbtypes.StarArgTuple.from_types(args)), codegen

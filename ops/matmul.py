@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import config, core
-from neuron_eager.ops import blas_threads, numerics
+from neuron_eager.ops import bf16_chunks, blas_threads, numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.meta import in_cpu_words
@@ -29,9 +29,10 @@ NeuronTensor = T.NeuronTensor
 # cache) and wrap to the output dtype, as on the CPU.
 # The chunk product itself is a BLAS sgemm (fp32 products and sums, FMA): OpenBLAS's through
 # np.dot on staged chunks in the Numba kernel for small products, MKL's through torch's CPU
-# addmm_ (beta=1) for large ones. The summation order within a chunk is the micro-kernel's,
-# so float matmul bits may differ between CPU models and between those two paths, as torch's
-# own CPU results do. tests/ops/test_matmul.py checks the chunk structure against a float64
+# addmm_ (beta=1) for large ones; large bf16 products go to MKL's bf16 GEMM chunk by chunk
+# where the CPU has bf16 units (Note [bf16 chunks on MKL] in ops/bf16_chunks.py). The
+# summation order within a chunk is the micro-kernel's, so float matmul bits may differ
+# between CPU models and between these paths, as torch's own CPU results do. tests/ops/test_matmul.py checks the chunk structure against a float64
 # reference on values whose chunk sums are exact in any order.
 TILE_K = 128
 TILE_M = 64  # cache blocking of the integer kernel only
@@ -301,6 +302,16 @@ def _strided(flat_values: np.ndarray, shape, strides) -> np.ndarray:
                                            writeable=False)
 
 
+def _epilogue(res: np.ndarray, dims, alpha, fc, c_strides, beta) -> None:
+    """res (fp32 A@B sums) = alpha*res + beta*C in fp32, C broadcast by c_strides (or None)."""
+    B1, B2, _, M, N, _ = dims
+    if alpha != 1:
+        res *= np.float32(alpha)
+    if fc is not None:
+        res.reshape(B1, B2, M, N)[...] += np.float32(beta) * _strided(
+            fc.astype(np.float32, copy=False), (B1, B2, M, N), c_strides)
+
+
 def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
                 c_strides=(0, 0, 0, 0), alpha=1, beta=0) -> np.ndarray:
     """The kernel on staged compute arrays: res (contiguous B1*B2*M*N) = beta*C + alpha*A@B.
@@ -315,13 +326,9 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
     # then the Numba kernel's OpenBLAS (np.dot) computes the chunks.
     if (res.size and kind is np.float32 and M * N * K >= BLAS_MIN_WORK and M > 1 and N > 1
             and cpu_sgemm_is_fp32()):
-        out = res.reshape(B1, B2, M, N)
-        _blas_gemm(out, fa.astype(kind, copy=False), (B1, B2, BR, M, K), a_strides,
-                   fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides)
-        if alpha != 1:
-            out *= kind(alpha)
-        if use_c:
-            out += kind(beta) * _strided(fc.astype(kind, copy=False), (B1, B2, M, N), c_strides)
+        _blas_gemm(res.reshape(B1, B2, M, N), fa.astype(kind, copy=False), (B1, B2, BR, M, K),
+                   a_strides, fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides)
+        _epilogue(res, dims, alpha, fc if use_c else None, c_strides, beta)
     elif res.size:
         g = np.array([*dims, *a_strides, *b_strides,
                       *(c_strides if use_c else (0, 0, 0, 0)), use_c], np.int64)
@@ -344,8 +351,9 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
 # round once to bf16. That is Note [PSUM accumulation] but for two things: the fp32 sum runs
 # over the whole K in the micro-kernel's order instead of chunk by chunk, and AVX512-BF16
 # dot products and AMX flush subnormal products to zero. On normal random data 1 to 3 in
-# 10,000 results then differ in the last bit from the default "psum" path; it is about 3x
-# faster on an AVX512-BF16 CPU (benchmarks/large_kernels.py). A probe checks, once per oneDNN
+# 10,000 results then differ in the last bit from the default "psum" path; on this AMX VM
+# it is ~1.6x faster than "psum" (which runs MKL's bf16 GEMM per K-chunk: Note [bf16 chunks
+# on MKL]) for 1024^3 (benchmarks/large_kernels.py). A probe checks, once per oneDNN
 # setting, that the sums really are fp32 (a row of 1 and 1023 x 2^-9 against ones gives 3.0
 # in fp32 and stays 1.0 summed in bf16), with plain and transposed operands; else "psum".
 _bf16_gemm_sums_fp32: dict = {}
@@ -388,6 +396,26 @@ def _bf16_blas_gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: Neur
     return True
 
 
+def _bf16_chunks(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor,
+                 b_strides, fc, c_strides, alpha, beta) -> bool:
+    """out = beta*C + alpha*A@B with bf16 K-chunks on MKL (Note [bf16 chunks on MKL]), rounded
+    in the kernel unless stochastically; False where that path may not compute it."""
+    # (no size floor: from a 8x32x64 product up it is faster than staging fp32 chunks)
+    if not (a.dtype == b.dtype == torch.bfloat16
+            and out.dtype in (torch.bfloat16, torch.float32)):
+        return False
+    rounded_here = out.dtype == torch.bfloat16 and not config.stochastic_rounding
+    res = None if rounded_here else result_buffer(out)  # fp32 out itself, or to round later
+    if not bf16_chunks.products(out._nd.reshape(-1) if rounded_here else None, res, dims,
+                                flat(a), a_strides, flat(b), b_strides, fc, c_strides, alpha,
+                                beta):
+        return False
+    if res is not None:
+        narrow_into(out, res)
+    stats["launches"] += 1
+    return True
+
+
 def gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor, b_strides,
          c: NeuronTensor | None = None, c_strides=(0, 0, 0, 0), alpha=1,
          beta=0) -> NeuronTensor:
@@ -400,9 +428,11 @@ def gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor, b
         return out
     use_c = c is not None and beta != 0
     if not _bf16_blas_gemm(out, dims, a, a_strides, b, b_strides, use_c, alpha):
-        res = gemm_values(result_buffer(out), dims, widen(a, True), a_strides, widen(b, True),
-                          b_strides, widen(c) if use_c else None, c_strides, alpha, beta)
-        narrow_into(out, res)
+        fc = widen(c) if use_c else None
+        if not _bf16_chunks(out, dims, a, a_strides, b, b_strides, fc, c_strides, alpha, beta):
+            res = gemm_values(result_buffer(out), dims, widen(a, True), a_strides,
+                              widen(b, True), b_strides, fc, c_strides, alpha, beta)
+            narrow_into(out, res)
     moved = out._nd.nbytes + sum(x._nd.nbytes for x in (a, b, c)[:2 + use_c])
     B1, B2, BR, M, N, K = dims
     core.launch("tensor", B1 * B2 * BR * M * N * K, moved, matmul=(B1 * B2 * BR, M, K, N),
