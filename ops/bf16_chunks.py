@@ -3,7 +3,8 @@
 `products(out16, out32, dims, a, a_strides, b, b_strides, c, c_strides, alpha, beta)`
 computes a bf16 product the way Note [PSUM accumulation] in ops/matmul.py describes, or
 returns False where it may not (no MKL or no bf16 units, a layout BLAS cannot read in place,
-values that could be subnormal or overflow): then matmul's fp32 path computes.
+values that could be subnormal or overflow): then matmul's fp32 path computes. `plan` and
+`run` are its two halves, for callers that stage an operand (convolution's columns).
 """
 from __future__ import annotations
 
@@ -34,14 +35,16 @@ from neuron_eager.ops.numerics import f32_to_bf16
 #   2^-103 keeps that; below, sums of such multiples are exact): each is zero or normal. The
 #   largest magnitudes must leave room for the doubling (no overflow that PSUM would not
 #   have). One scan of the operands' exponents decides (~35 us per 1024 x 1024 operand).
-# - Each core claims whole output blocks (BLOCK_M x BLOCK_N: an fp32 accumulator of 512 KB
-#   that stays in its L2) and runs a block's chunks with MKL on one thread, then forms
+# - Each core claims whole output blocks (up to BLOCK_M rows and BLOCK elements: an fp32
+#   accumulator of 512 KB that stays in its L2; a product of few rows takes wider blocks,
+#   so fewer calls) and runs a block's chunks with MKL on one thread, then forms
 #   alpha*acc + beta*C in fp32 and rounds once into the output while the block is in cache.
 #   Calling MKL per chunk on the whole output instead reads and writes all of it per chunk.
 #   The calls are made from a Numba loop (Note [Native calls by symbol] in ops/jit.py).
-BLOCK_M, BLOCK_N = 256, 512
+BLOCK_M, BLOCK = 256, 256 * 512  # rows, elements (fewer rows: wider blocks, fewer calls)
 CHUNK = 128  # = matmul.TILE_K, the PE array's contraction depth
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+MIN_OUTPUTS, MIN_DEPTH = 64 * 64, 64
 SCALE = 2.0  # MKL's alpha: see the Note
 MIN_EXPONENT_SUM = 151  # 2^(ea-127) * 2^(eb-127) >= 2^-103
 MAX_EXPONENT_SUM = 377  # SCALE * K * 2^(ea-126) * 2^(eb-126) <= 2^127: no overflow
@@ -74,7 +77,7 @@ def exponent_range(u):
 
 @njit(nogil=True)
 def _blocks(lo, hi, next_item, out16, out32, a, b, c, g, alpha, beta):
-    """Output blocks (B1*B2 products of M x N in BLOCK_M x BLOCK_N blocks, row-major order)
+    """Output blocks (B1*B2 products of M x N in g[26] x g[27] blocks, row-major order)
     claimed one at a time from next_item[0] until all are taken, by every thread that runs
     this (lo and hi, split_rows' share, are not used: a core that got less CPU time then
     takes fewer blocks). Each block's K-chunks are summed in order into an fp32 block by MKL
@@ -85,9 +88,10 @@ def _blocks(lo, hi, next_item, out16, out32, a, b, c, g, alpha, beta):
     b1, b2, br, bk, bn = g[11], g[12], g[13], g[14], g[15]
     ta, lda, tb, ldb = g[16], g[17], g[18], g[19]
     c1, c2, cm, cn, use_c, to_f32 = g[20], g[21], g[22], g[23], g[24], g[25]
-    row_blocks, col_blocks = (M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N
+    rows, cols = g[26], g[27]  # of a block
+    row_blocks, col_blocks = (M + rows - 1) // rows, (N + cols - 1) // cols
     pa, pb = np.int64(a.ctypes.data), np.int64(b.ctypes.data)
-    acc = np.empty((BLOCK_M, BLOCK_N), np.float32)
+    acc = np.empty((rows, cols), np.float32)
     pacc = np.int64(acc.ctypes.data)
     _mkl_threads_local(1)
     items = g[0] * B2 * row_blocks * col_blocks
@@ -97,8 +101,8 @@ def _blocks(lo, hi, next_item, out16, out32, a, b, c, g, alpha, beta):
             break
         j, block = item // (row_blocks * col_blocks), item % (row_blocks * col_blocks)
         j1, j2 = j // B2, j % B2
-        m0, n0 = (block // col_blocks) * BLOCK_M, (block % col_blocks) * BLOCK_N
-        mb, nb = min(BLOCK_M, M - m0), min(BLOCK_N, N - n0)
+        m0, n0 = (block // col_blocks) * rows, (block % col_blocks) * cols
+        mb, nb = min(rows, M - m0), min(cols, N - n0)
         beta_acc = np.float32(0)
         for jr in range(BR):
             a0 = j1 * a1 + j2 * a2 + jr * ar + m0 * am
@@ -106,7 +110,7 @@ def _blocks(lo, hi, next_item, out16, out32, a, b, c, g, alpha, beta):
             for k0 in range(0, K, CHUNK):
                 _gemm(ROW_MAJOR, ta, tb, mb, nb, min(CHUNK, K - k0), np.float32(SCALE),
                       pa + 2 * (a0 + k0 * ak), lda, pb + 2 * (b0 + k0 * bk), ldb, beta_acc,
-                      pacc, BLOCK_N)
+                      pacc, cols)
                 beta_acc = np.float32(1)
         for i in range(mb):  # one loop per case: a test inside would stop vectorization
             row = acc[i, :nb]
@@ -146,34 +150,57 @@ def _layout(row_stride: int, col_stride: int, rows: int, cols: int):
     return None
 
 
-def products(out16: np.ndarray, out32: np.ndarray, dims, a: np.ndarray, a_strides,
-             b: np.ndarray, b_strides, c: np.ndarray | None = None, c_strides=(0, 0, 0, 0),
-             alpha=1, beta=0) -> bool:
-    """beta*C + alpha * (sum over BR and K-chunks of A @ B), rounded once to bf16 into out16
-    (contiguous, B1*B2*M*N) or, where out16 is None, stored as fp32 into out32. `a` and `b`
-    are the bf16 operands' bits (uint16, from their first element), `c` fp32 values; strides
-    in elements as in matmul.gemm. False, with nothing written, where this path may not
-    compute the product."""
+def plan(dims, a_strides, b_strides, a_values: np.ndarray, b_values: np.ndarray):
+    """The BLAS layouts of A and B for `run`, or None where this path may not compute the
+    product: dims and element strides as in matmul.gemm; a_values and b_values hold the bits
+    (uint16) of every value A and B contain (the operands' own memory, or what they are
+    staged from), whose exponents must rule out subnormals and overflow (the Note)."""
     B1, B2, BR, M, N, K = dims
-    if not (AVAILABLE and K and BR and chunk_sums_are_added()):
-        return False
+    # (below about 64 x 64 outputs or 64 deep a call costs more than it saves: a first
+    # convolution layer, 3 channels x 3 x 3 taps, ran 1.2x slower than on the fp32 path)
+    if not (AVAILABLE and M * N >= MIN_OUTPUTS and K * BR >= MIN_DEPTH
+            and chunk_sums_are_added()):
+        return None
     la = _layout(a_strides[3], a_strides[4], M, K)
     lb = _layout(b_strides[3], b_strides[4], K, N)
     if la is None or lb is None:
-        return False
-    (a_low, a_high), (b_low, b_high) = exponent_range(a), exponent_range(b)
+        return None
+    (a_low, a_high), (b_low, b_high) = exponent_range(a_values), exponent_range(b_values)
     if (min(a_low, b_low) < 1 or a_low + b_low < MIN_EXPONENT_SUM
             or a_high + b_high + (K * BR).bit_length() > MAX_EXPONENT_SUM):
-        return False
-    use_c = c is not None
-    g = np.array([*dims, *a_strides, *b_strides, *la, *lb, *c_strides, use_c, out16 is None],
-                 np.int64)
+        return None
+    return (*la, *lb)
+
+
+def run(layouts, out16: np.ndarray | None, out32: np.ndarray | None, dims, a: np.ndarray,
+        a_strides, b: np.ndarray, b_strides, c: np.ndarray | None = None,
+        c_strides=(0, 0, 0, 0), alpha=1, beta=0) -> None:
+    """beta*C + alpha * (sum over BR and K-chunks of A @ B), rounded once to bf16 into out16
+    (contiguous, B1*B2*M*N) or, where out16 is None, stored as fp32 into out32. `a` and `b`
+    are the bf16 operands' bits (uint16, from their first element), `c` fp32 values;
+    `layouts` from `plan`."""
+    B1, B2, BR, M, N, K = dims
+    bm = min(M, BLOCK_M)
+    bn = min(N, BLOCK // bm)
+    g = np.array([*dims, *a_strides, *b_strides, *layouts, *c_strides, c is not None,
+                  out16 is None, bm, bn], np.int64)
     args = [_EMPTY16 if out16 is None else out16, _EMPTY32 if out32 is None else out32, a, b,
-            c if use_c else _EMPTY32, g, np.float32(alpha), np.float32(beta)]
-    if B1 * B2 * -(-M // BLOCK_M) * -(-N // BLOCK_N) > 1:
+            _EMPTY32 if c is None else c, g, np.float32(alpha), np.float32(beta)]
+    if B1 * B2 * -(-M // bm) * -(-N // bn) > 1:
         workers.split_rows(_blocks, workers.COUNT, [np.zeros(1, np.int64), *args])
     else:
         _blocks(0, 1, np.zeros(1, np.int64), *args)
+
+
+def products(out16: np.ndarray | None, out32: np.ndarray | None, dims, a: np.ndarray,
+             a_strides, b: np.ndarray, b_strides, c: np.ndarray | None = None,
+             c_strides=(0, 0, 0, 0), alpha=1, beta=0) -> bool:
+    """`run` on operands that are their own memory, where `plan` allows; else False, with
+    nothing written."""
+    layouts = plan(dims, a_strides, b_strides, a, b)
+    if layouts is None:
+        return False
+    run(layouts, out16, out32, dims, a, a_strides, b, b_strides, c, c_strides, alpha, beta)
     return True
 
 
@@ -192,9 +219,7 @@ def chunk_sums_are_added() -> bool:
         a[:, 0], a[:, 128], a[:, 255] = 2.0 ** 24, 1, 1
         bits = lambda x: (x.view(np.uint32) >> 16).astype(np.uint16).reshape(-1)  # exact
         out = np.zeros(n * n, np.float32)
-        g = np.array([1, 1, 1, n, n, 256, 0, 0, 0, 256, 1, 0, 0, 0, n, 1, NO_TRANS, 256,
-                      NO_TRANS, n, 0, 0, 0, 0, 0, 1], np.int64)
-        _blocks(0, 1, np.zeros(1, np.int64), _EMPTY16, out, bits(a),
-                bits(np.ones((256, n), np.float32)), _EMPTY32, g, np.float32(1), np.float32(0))
+        run((NO_TRANS, 256, NO_TRANS, n), None, out, (1, 1, 1, n, n, 256), bits(a),
+            (0, 0, 0, 256, 1), bits(np.ones((256, n), np.float32)), (0, 0, 0, n, 1))
         _probed.append(bool((out == 2.0 ** 24 + 2).all()))
     return _probed[0]

@@ -3,7 +3,8 @@
 1-D, 2-D and 3-D, with stride, padding, dilation, groups and bias, plain and transposed. The
 input is unfolded into fp32 columns (im2col) and contracted with the weight by the matmul
 kernel (Note [PSUM accumulation] in matmul.py), bias added in fp32 before the one
-rounding. Gradients are matmuls too; col2im sums overlapping windows in fp32.
+rounding; bf16 columns keep their bits for the bf16 units (Note [bf16 chunks on MKL] in
+bf16_chunks.py). Gradients are matmuls too; col2im sums overlapping windows in fp32.
 """
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import torch
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops import workers
+from neuron_eager.ops import bf16_chunks, workers
 from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.matmul import (compute_dtype, gemm_values, narrow_into, raise_like_cpu, rate,
-                                     result_buffer, widen)
+from neuron_eager.ops.matmul import (compute_dtype, flat, gemm_values, narrow_into, raise_like_cpu,
+                                     rate, result_buffer, widen)
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -296,13 +297,15 @@ class Conv:
                 "image": (self.N * self.G, CKg, Og, L),
                 "weight": (self.G, Og, self.N * L, CKg)}[which]
 
-    def columns(self, image: NeuronTensor) -> np.ndarray:
-        """im2col of the image side, as compute values (CK, N, L). Matmul operands here and
-        below are staged with `widen(.., True)`: config.auto_cast "matmult" rounds them."""
+    def columns(self, image: NeuronTensor, bits: bool = False) -> np.ndarray:
+        """im2col of the image side, as compute values (CK, N, L), or with `bits` as the bf16
+        image's own bits. Matmul operands here and below are staged with `widen(.., True)`:
+        config.auto_cast "matmult" rounds them."""
         _, strides = _five(image)
-        cols = np.empty(self.N * self.CK * self.L, compute_dtype(image.dtype))
-        workers.share_rows(im2col, self.N, cols.size,
-                           [cols, widen(image, True), self.geometry(strides)])
+        src = flat(image) if bits else widen(image, True)
+        cols = np.empty(self.N * self.CK * self.L, src.dtype if bits
+                        else compute_dtype(image.dtype))
+        workers.share_rows(im2col, self.N, cols.size, [cols, src, self.geometry(strides)])
         return cols
 
     def depthwise_geometry(self, image=None, grad=None, has_bias=False) -> np.ndarray:
@@ -339,10 +342,16 @@ class Conv:
             return out_values
         # (G, Og, N, L), or the result itself for one sample
         by_group = np.empty(self.O * N * L, out_values.dtype) if N > 1 else out_values
-        gemm_values(by_group, (1, self.G, 1, Og, N * L, CKg),
-                    widen(weight, True), (0, Og * CKg, 0, CKg, 1),
-                    self.columns(image), (0, CKg * N * L, 0, N * L, 1),
-                    fb, (0, Og * bs, bs, 0), 1, 1 if bias is not None else 0)
+        dims, beta = (1, self.G, 1, Og, N * L, CKg), 1 if bias is not None else 0
+        ws, cs, bias_strides = (0, Og * CKg, 0, CKg, 1), (0, CKg * N * L, 0, N * L, 1), \
+            (0, Og * bs, bs, 0)
+        layouts = _bf16_plan(dims, weight, ws, image, cs)
+        if layouts is not None:
+            bf16_chunks.run(layouts, None, by_group, dims, flat(weight), ws,
+                            self.columns(image, bits=True), cs, fb, bias_strides, 1, beta)
+        else:
+            gemm_values(by_group, dims, widen(weight, True), ws, self.columns(image), cs, fb,
+                        bias_strides, 1, beta)
         if N > 1:
             workers.copy(out_values.reshape(N, self.O, L),
                          by_group.reshape(self.O, N, L).transpose(1, 0, 2))
@@ -361,11 +370,15 @@ class Conv:
                 img.reshape(self.N, self.C, -1)[:] += widen(bias)[np.arange(self.C)
                                                                   * bias.stride(0)][:, None]
             return img
-        fg, (sn, sc, sl) = _matrix(grad)
+        grad, (sn, sc, sl) = _matrix(grad)
         cols = np.empty(self.N * self.CK * L, kind)
-        gemm_values(cols, (self.N, self.G, 1, CKg, L, Og), widen(weight, True),
-                    (0, Og * CKg, 0, 1, CKg),
-                    fg, (sn, Og * sc, 0, sc, sl))
+        dims, ws, gs = (self.N, self.G, 1, CKg, L, Og), (0, Og * CKg, 0, 1, CKg), \
+            (sn, Og * sc, 0, sc, sl)
+        layouts = _bf16_plan(dims, weight, ws, grad, gs)
+        if layouts is not None:
+            bf16_chunks.run(layouts, None, cols, dims, flat(weight), ws, flat(grad), gs)
+        else:
+            gemm_values(cols, dims, widen(weight, True), ws, widen(grad, True), gs)
         img = np.zeros(self.N * self.C * self.D * self.H * self.W, kind)
         workers.share_rows(col2im, self.N, cols.size, [img, cols, self.geometry()])
         if bias is not None:  # transposed convolution's bias, added before the one rounding
@@ -381,31 +394,45 @@ class Conv:
                                [out_values, widen(image, True), widen(grad, True),
                                 self.depthwise_geometry(image, grad)])
             return out_values
-        fg, (sn, sc, sl) = _matrix(grad)
-        gemm_values(out_values, (1, self.G, self.N, Og, CKg, L), fg, (0, Og * sc, sn, sc, sl),
-                    self.columns(image), (0, CKg * self.N * L, L, 1, self.N * L))
+        grad, (sn, sc, sl) = _matrix(grad)
+        dims, gs, cs = (1, self.G, self.N, Og, CKg, L), (0, Og * sc, sn, sc, sl), \
+            (0, CKg * self.N * L, L, 1, self.N * L)
+        layouts = _bf16_plan(dims, grad, gs, image, cs)
+        if layouts is not None and out_values.dtype == np.float32:
+            bf16_chunks.run(layouts, None, out_values, dims, flat(grad), gs,
+                            self.columns(image, bits=True), cs)
+        else:
+            gemm_values(out_values, dims, widen(grad, True), gs, self.columns(image), cs)
         return out_values
 
 
-def _matrix(grad: NeuronTensor, auto_cast: bool = True):
-    """grad (N, C, [[D,] H,] W) staged, with strides (n, c, l) where l walks D*H*W as one
-    axis (a contiguous copy when its spatial dims do not merge)."""
+def _bf16_plan(dims, a: NeuronTensor, a_strides, b: NeuronTensor, b_strides):
+    """bf16_chunks.plan for a product whose operands hold the values of bf16 tensors a and b
+    (a staged operand, the columns, only values of its tensor and zeros); None otherwise."""
+    if not a.dtype == b.dtype == torch.bfloat16:
+        return None
+    return bf16_chunks.plan(dims, a_strides, b_strides, flat(a), flat(b))
+
+
+def _matrix(grad: NeuronTensor):
+    """grad (N, C, [[D,] H,] W) with strides (n, c, l) where l walks D*H*W as one axis (a
+    contiguous copy when its spatial dims do not merge)."""
     (_, _, D, H, W), (sn, sc, sd, sh, sw) = _five(grad)
     dims = [(n, st) for n, st in ((D, sd), (H, sh), (W, sw)) if n > 1]
     if any(dims[k][1] != dims[k + 1][0] * dims[k + 1][1] for k in range(len(dims) - 1)):
         grad = grad.contiguous()
         (_, _, D, H, W), (sn, sc, sd, sh, sw) = _five(grad)
         dims = [(n, st) for n, st in ((D, sd), (H, sh), (W, sw)) if n > 1]
-    return widen(grad, auto_cast), (sn, sc, dims[-1][1] if dims else 1)
+    return grad, (sn, sc, dims[-1][1] if dims else 1)
 
 
 def bias_grad(out_values: np.ndarray, grad: NeuronTensor) -> np.ndarray:
     """The sum of grad over samples and positions, as ones @ grad^T on the Tensor engine."""
     (N, C, D, H, W), _ = _five(grad)
-    fg, (sn, sc, sl) = _matrix(grad, auto_cast=False)  # a sum, not a matmul
+    grad, (sn, sc, sl) = _matrix(grad)
     ones = np.ones(1, out_values.dtype)
     return gemm_values(out_values, (1, 1, N, 1, C, D * H * W), ones, (0, 0, 0, 0, 0),
-                       fg, (0, 0, sn, sl, sc))
+                       widen(grad), (0, 0, sn, sl, sc))  # a sum, not a matmul: no auto-cast
 
 
 # -- ops -------------------------------------------------------------------------------------

@@ -400,7 +400,6 @@ def _bf16_chunks(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronT
                  b_strides, fc, c_strides, alpha, beta) -> bool:
     """out = beta*C + alpha*A@B with bf16 K-chunks on MKL (Note [bf16 chunks on MKL]), rounded
     in the kernel unless stochastically; False where that path may not compute it."""
-    # (no size floor: from a 8x32x64 product up it is faster than staging fp32 chunks)
     if not (a.dtype == b.dtype == torch.bfloat16
             and out.dtype in (torch.bfloat16, torch.float32)):
         return False

@@ -48,10 +48,12 @@ def test_products_are_the_psum_sums_bit_for_bit(taken, seed):
         assert torch.equal(got.cpu(), _psum(a, b).to(BF16))
         fp32 = torch.mm(x.to("neuron"), y.to("neuron"), out_dtype=torch.float32)
         assert torch.equal(fp32.cpu(), _psum(a, b))  # the accumulator itself
-    p, q = _operands(96, 260, 600, batch=(3,))
+    p, q = _operands(96, 260, 1500, batch=(3,))  # 96-row blocks, two columns of them
     got = torch.matmul(p[None].expand(2, 3, 96, 260).to("neuron"), q.to("neuron"))
-    assert torch.equal(got.cpu(), _psum(p, q).to(BF16).expand(2, 3, 96, 600))
-    assert taken == [True] * 9 and not torch.equal(_psum(a, b), (a.float() @ b.float()))
+    assert torch.equal(got.cpu(), _psum(p, q).to(BF16).expand(2, 3, 96, 1500))
+    a, b = _operands(300, 260, 700)  # 256-row blocks: two rows and two columns of them
+    assert torch.equal(torch.mm(a.to("neuron"), b.to("neuron")).cpu(), _psum(a, b).to(BF16))
+    assert taken == [True] * 10 and not torch.equal(_psum(a, b), (a.float() @ b.float()))
 
 
 def test_epilogues_round_once(taken, seed):
@@ -110,3 +112,36 @@ def test_a_library_that_adds_parts_of_a_chunk_is_not_used(taken, monkeypatch, se
     a, b = _operands(140, 300, 170)
     assert torch.equal(torch.mm(a.to("neuron"), b.to("neuron")).cpu(), _psum(a, b).to(BF16))
     assert taken == [False]
+
+
+def _small_ints(*shape):
+    return torch.randint(-4, 5, shape).to(BF16)
+
+
+@pytest.mark.parametrize("case", [
+    dict(x=(2, 64, 12, 12), w=(64, 64, 3, 3), padding=1),
+    dict(x=(3, 48, 9, 10), w=(128, 24, 3, 2), stride=(2, 1), groups=2, bias=True),
+    dict(x=(4, 160, 40), w=(64, 160, 5), dilation=2, bias=True),  # 1-D, K = 800
+    dict(x=(1, 16, 5, 6, 7), w=(64, 16, 3, 3, 3), padding=1),  # 3-D
+])  # (64 output channels: products of fewer than 64 x 64 outputs or 64 deep stay fp32)
+def test_convolutions_on_the_bf16_units_are_exact(case, monkeypatch, seed):
+    # integer values: every sum is exact in any order, so the results are the float64
+    # convolution's, rounded once, forward and both gradients (Note [bf16 chunks on MKL])
+    runs = []
+    run = bf16_chunks.run
+    monkeypatch.setattr(bf16_chunks, "run", lambda *args: runs.append(1) or run(*args))
+    conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d,
+            5: torch.nn.functional.conv3d}[len(case["x"])]
+    options = {k: v for k, v in case.items() if k not in ("x", "w", "bias")}
+    x, w = _small_ints(*case["x"]), _small_ints(*case["w"])
+    b = _small_ints(case["w"][0]) if case.get("bias") else None
+    results, g = [], None
+    for device, dtype in (("cpu", torch.float64), ("neuron", BF16)):
+        xs, ws = (t.to(device, dtype).requires_grad_() for t in (x, w))
+        out = conv(xs, ws, None if b is None else b.to(device, dtype), **options)
+        g = _small_ints(*out.shape) if g is None else g
+        out.backward(g.to(device, dtype))
+        results.append([t.cpu().to(BF16) for t in (out, xs.grad, ws.grad)])
+    for want, got in zip(*results):
+        assert torch.equal(got, want)
+    assert len(runs) == 3  # forward, image gradient, weight gradient
