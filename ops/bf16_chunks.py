@@ -140,6 +140,22 @@ def _blocks(lo, hi, next_item, out16, out32, a, b, c, g, alpha, beta):
     _mkl_threads_local(0)  # back to the global setting
 
 
+@njit(nogil=True)
+def _round_to_bf16(dst, src):
+    for i in range(src.shape[0]):
+        dst[i] = f32_to_bf16(src[i])
+
+
+def rounded_bits(values: np.ndarray) -> np.ndarray:
+    """fp32 values rounded to bf16 (to nearest even, as auto-cast rounds them): the bits."""
+    bits = np.empty(values.shape[0], np.uint16)
+    if values.shape[0] >= workers.SPLIT_MIN:
+        workers.split_call(_round_to_bf16, bits, [values])
+    else:
+        _round_to_bf16(bits, values)
+    return bits
+
+
 def _layout(row_stride: int, col_stride: int, rows: int, cols: int):
     """(transpose flag, leading dimension) for a row-major BLAS read of a rows x cols view
     with these element strides, or None where BLAS cannot read it in place."""
@@ -155,7 +171,7 @@ def plan(dims, a_strides, b_strides, a_values: np.ndarray, b_values: np.ndarray)
     product: dims and element strides as in matmul.gemm; a_values and b_values hold the bits
     (uint16) of every value A and B contain (the operands' own memory, or what they are
     staged from), whose exponents must rule out subnormals and overflow (the Note)."""
-    B1, B2, BR, M, N, K = dims
+    _, _, BR, M, N, K = dims
     # (below about 64 x 64 outputs or 64 deep a call costs more than it saves: a first
     # convolution layer, 3 channels x 3 x 3 taps, ran 1.2x slower than on the fp32 path)
     if not (AVAILABLE and M * N >= MIN_OUTPUTS and K * BR >= MIN_DEPTH
@@ -179,7 +195,7 @@ def run(layouts, out16: np.ndarray | None, out32: np.ndarray | None, dims, a: np
     (contiguous, B1*B2*M*N) or, where out16 is None, stored as fp32 into out32. `a` and `b`
     are the bf16 operands' bits (uint16, from their first element), `c` fp32 values;
     `layouts` from `plan`."""
-    B1, B2, BR, M, N, K = dims
+    B1, B2, _, M, N, _ = dims
     bm = min(M, BLOCK_M)
     bn = min(N, BLOCK // bm)
     g = np.array([*dims, *a_strides, *b_strides, *layouts, *c_strides, c is not None,

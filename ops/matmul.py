@@ -399,15 +399,21 @@ def _bf16_blas_gemm(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: Neur
 def _bf16_chunks(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronTensor,
                  b_strides, fc, c_strides, alpha, beta) -> bool:
     """out = beta*C + alpha*A@B with bf16 K-chunks on MKL (Note [bf16 chunks on MKL]), rounded
-    in the kernel unless stochastically; False where that path may not compute it."""
-    if not (a.dtype == b.dtype == torch.bfloat16
-            and out.dtype in (torch.bfloat16, torch.float32)):
+    in the kernel unless stochastically; False where that path may not compute it. fp32
+    operands that config.auto_cast "matmult" rounds to bf16 are rounded to their bits."""
+    if out.dtype not in (torch.bfloat16, torch.float32):
+        return False
+    if a.dtype == b.dtype == torch.bfloat16:
+        fa, fb = flat(a), flat(b)
+    elif a.dtype == b.dtype == torch.float32 and \
+            numerics.load_code(torch.float32, "matmult") == "f32>bf16":
+        fa, fb = bf16_chunks.rounded_bits(flat(a)), bf16_chunks.rounded_bits(flat(b))
+    else:
         return False
     rounded_here = out.dtype == torch.bfloat16 and not config.stochastic_rounding
     res = None if rounded_here else result_buffer(out)  # fp32 out itself, or to round later
     if not bf16_chunks.products(out._nd.reshape(-1) if rounded_here else None, res, dims,
-                                flat(a), a_strides, flat(b), b_strides, fc, c_strides, alpha,
-                                beta):
+                                fa, a_strides, fb, b_strides, fc, c_strides, alpha, beta):
         return False
     if res is not None:
         narrow_into(out, res)
