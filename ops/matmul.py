@@ -32,8 +32,9 @@ NeuronTensor = T.NeuronTensor
 # addmm_ (beta=1) for large ones; large bf16 products go to MKL's bf16 GEMM chunk by chunk
 # where the CPU has bf16 units (Note [bf16 chunks on MKL] in ops/bf16_chunks.py). The
 # summation order within a chunk is the micro-kernel's, so float matmul bits may differ
-# between CPU models and between these paths, as torch's own CPU results do. tests/ops/test_matmul.py checks the chunk structure against a float64
-# reference on values whose chunk sums are exact in any order.
+# between CPU models and between these paths, as torch's own CPU results do.
+# tests/ops/test_matmul.py checks the chunk structure against a float64 reference on values
+# whose chunk sums are exact in any order.
 TILE_K = 128
 TILE_M = 64  # cache blocking of the integer kernel only
 TILE_N = 256
