@@ -429,33 +429,36 @@ def _keep_uninitialized(lazy) -> None:
             now.__dict__.pop("_materialize_on", None)
 
 
+def _torch_cpu_library():
+    """torch's CPU library (libtorch_cpu: MKL is linked into it on x86-64 Linux) as a ctypes
+    library, or None."""
+    import ctypes
+    import os
+
+    try:
+        return ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib",
+                                        "libtorch_cpu.so"))
+    except OSError:
+        return None
+
+
 def torch_lapack_library():
     """torch's own LAPACK (MKL, linked into libtorch_cpu) as a ctypes library, when it exports
     the Fortran symbols the linear-algebra kernels call; None otherwise. The kernels call it
     on NumPy buffers, as they call SciPy's LAPACK; no torch op runs."""
-    import ctypes
-    import os
-
-    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-    try:
-        lib = ctypes.CDLL(path)
-        lib.sgesdd_, lib.ssyevd_  # noqa: B018  (both present, or use SciPy's)
-        return lib
-    except (OSError, AttributeError):
-        return None
+    lib = _torch_cpu_library()
+    has = lib is not None and all(hasattr(lib, n) for n in ("sgesdd_", "ssyevd_"))
+    return lib if has else None  # (both present, or use SciPy's)
 
 
 def torch_cpu_address(name: str) -> int | None:
-    """The address of C function `name` exported by torch's CPU library (libtorch_cpu: MKL
-    is linked into it on x86-64 Linux), or None."""
+    """The address of C function `name` exported by torch's CPU library, or None."""
     import ctypes
-    import os
 
-    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-    try:
-        return ctypes.cast(getattr(ctypes.CDLL(path), name), ctypes.c_void_p).value
-    except (OSError, AttributeError):
+    lib = _torch_cpu_library()
+    if lib is None or not hasattr(lib, name):
         return None
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
 def install_profiler_hooks(on_start, on_stop, on_results, on_export) -> None:

@@ -54,7 +54,7 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             values.append(args[i] if i < len(args) else kwargs.get(pname, default))
         operands_ = args[:operands]
         if values and params[0][0] == "alpha":
-            if not (type(values[0]) is int and -127 <= values[0] <= 127):  # (fits any dtype)
+            if not numerics.fits_every_dtype(values[0]):
                 numerics.check_alpha(values[0], E.result_type(*operands_))
         elif checked_params and not _fit_float_compute(operands_, values):
             dtype = E.result_type(*operands_)

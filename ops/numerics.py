@@ -357,8 +357,8 @@ def check_fits(value, dtype: torch.dtype) -> None:
     clamp, masked_fill, index_fill): integers out of the type's range (an unsigned type takes
     integers from -max, floats from 0, as c10 allows), finite floats beyond its largest value.
     Infinities and NaN fit floats."""
-    if type(value) is int and -127 <= value <= 127:
-        return  # (fits every type: the usual 1s and 0s of beta, alpha, limits)
+    if fits_every_dtype(value):
+        return
     if dtype == torch.bool or dtype == torch.float64 or isinstance(value, bool):
         return
     if isinstance(value, complex):  # c10 converts a complex scalar with no imaginary part
@@ -379,6 +379,12 @@ def check_fits(value, dtype: torch.dtype) -> None:
         if isinstance(value, float) and not math.isfinite(value) or not low <= value <= info.max:
             raise RuntimeError(f"value cannot be converted to type {_C_NAMES[dtype]} without "
                                f"overflow")
+
+
+def fits_every_dtype(value) -> bool:
+    """A Python int in int8's range (not a bool): the usual 1s and 0s of alpha, beta and
+    limits fit every type, so no dtype need be found to check them."""
+    return type(value) is int and -127 <= value <= 127
 
 
 def check_fits_compute(value, dtype: torch.dtype) -> None:
