@@ -166,16 +166,21 @@ def _layout(row_stride: int, col_stride: int, rows: int, cols: int):
     return None
 
 
+def suits(dims) -> bool:
+    """Whether a product of these dims (as in matmul.gemm) is worth this path, here: below
+    about 64 x 64 outputs or 64 deep a call costs more than it saves (a first convolution
+    layer, 3 channels x 3 x 3 taps, ran 1.2x slower than on the fp32 path)."""
+    _, _, BR, M, N, K = dims
+    return AVAILABLE and M * N >= MIN_OUTPUTS and K * BR >= MIN_DEPTH
+
+
 def plan(dims, a_strides, b_strides, a_values: np.ndarray, b_values: np.ndarray):
     """The BLAS layouts of A and B for `run`, or None where this path may not compute the
     product: dims and element strides as in matmul.gemm; a_values and b_values hold the bits
     (uint16) of every value A and B contain (the operands' own memory, or what they are
     staged from), whose exponents must rule out subnormals and overflow (the Note)."""
     _, _, BR, M, N, K = dims
-    # (below about 64 x 64 outputs or 64 deep a call costs more than it saves: a first
-    # convolution layer, 3 channels x 3 x 3 taps, ran 1.2x slower than on the fp32 path)
-    if not (AVAILABLE and M * N >= MIN_OUTPUTS and K * BR >= MIN_DEPTH
-            and chunk_sums_are_added()):
+    if not (suits(dims) and chunk_sums_are_added()):
         return None
     la = _layout(a_strides[3], a_strides[4], M, K)
     lb = _layout(b_strides[3], b_strides[4], K, N)

@@ -398,7 +398,7 @@ class Conv:
         dims, gs, cs = (1, self.G, self.N, Og, CKg, L), (0, Og * sc, sn, sc, sl), \
             (0, CKg * self.N * L, L, 1, self.N * L)
         layouts = _bf16_plan(dims, grad, gs, image, cs)
-        if layouts is not None and out_values.dtype == np.float32:
+        if layouts is not None:  # (out_values: fp32, a bf16 weight's compute values)
             bf16_chunks.run(layouts, None, out_values, dims, flat(grad), gs,
                             self.columns(image, bits=True), cs)
         else:

@@ -303,16 +303,6 @@ def _strided(flat_values: np.ndarray, shape, strides) -> np.ndarray:
                                            writeable=False)
 
 
-def _epilogue(res: np.ndarray, dims, alpha, fc, c_strides, beta) -> None:
-    """res (fp32 A@B sums) = alpha*res + beta*C in fp32, C broadcast by c_strides (or None)."""
-    B1, B2, _, M, N, _ = dims
-    if alpha != 1:
-        res *= np.float32(alpha)
-    if fc is not None:
-        res.reshape(B1, B2, M, N)[...] += np.float32(beta) * _strided(
-            fc.astype(np.float32, copy=False), (B1, B2, M, N), c_strides)
-
-
 def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
                 c_strides=(0, 0, 0, 0), alpha=1, beta=0) -> np.ndarray:
     """The kernel on staged compute arrays: res (contiguous B1*B2*M*N) = beta*C + alpha*A@B.
@@ -327,9 +317,13 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
     # then the Numba kernel's OpenBLAS (np.dot) computes the chunks.
     if (res.size and kind is np.float32 and M * N * K >= BLAS_MIN_WORK and M > 1 and N > 1
             and cpu_sgemm_is_fp32()):
-        _blas_gemm(res.reshape(B1, B2, M, N), fa.astype(kind, copy=False), (B1, B2, BR, M, K),
-                   a_strides, fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides)
-        _epilogue(res, dims, alpha, fc if use_c else None, c_strides, beta)
+        out = res.reshape(B1, B2, M, N)
+        _blas_gemm(out, fa.astype(kind, copy=False), (B1, B2, BR, M, K), a_strides,
+                   fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides)
+        if alpha != 1:
+            out *= kind(alpha)
+        if use_c:
+            out += kind(beta) * _strided(fc.astype(kind, copy=False), (B1, B2, M, N), c_strides)
     elif res.size:
         g = np.array([*dims, *a_strides, *b_strides,
                       *(c_strides if use_c else (0, 0, 0, 0)), use_c], np.int64)
@@ -402,7 +396,7 @@ def _bf16_chunks(out: NeuronTensor, dims, a: NeuronTensor, a_strides, b: NeuronT
     """out = beta*C + alpha*A@B with bf16 K-chunks on MKL (Note [bf16 chunks on MKL]), rounded
     in the kernel unless stochastically; False where that path may not compute it. fp32
     operands that config.auto_cast "matmult" rounds to bf16 are rounded to their bits."""
-    if out.dtype not in (torch.bfloat16, torch.float32):
+    if out.dtype not in (torch.bfloat16, torch.float32) or not bf16_chunks.suits(dims):
         return False
     if a.dtype == b.dtype == torch.bfloat16:
         fa, fb = flat(a), flat(b)
