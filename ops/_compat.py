@@ -101,6 +101,7 @@ def install_backward_errors(errors) -> None:
 
     def _engine_run_backward(*args, **kwargs):
         errors.check_root_gradients(args[0], args[1] if len(args) > 1 else None)
+        errors.wait_at_exit_after(args[0])
         since = errors.mark()
         try:
             result = run(*args, **kwargs)

@@ -148,16 +148,20 @@ def _on_neuron(values) -> bool:
 # finalizing by then, CPython ends that thread from inside torch's C++ frames and the process
 # aborts at exit ("terminate called without an active exception", SIGABRT) after the script
 # has done all its work: 7-9 of 90 runs of a 2-step training script, three at a time on two
-# cores, with or without adaptive eager. So the first backward registers an exit hook that
-# gives the GIL away for a moment, before finalization, for that thread to finish (0 of 90).
+# cores. So the first backward of neuron tensors registers an exit hook that gives the GIL
+# away for a moment, before finalization, for that thread to finish (0 of 90).
 EXIT_WAIT_S = 0.05
 _exit_wait: list = []
 
 
-def mark() -> int:
-    """A mark before a backward starts, for `claim_hook_error` (Note [Exit after backward])."""
-    if not _exit_wait:
+def wait_at_exit_after(outputs) -> None:
+    """Before a backward from `outputs`: Note [Exit after backward]."""
+    if not _exit_wait and _on_neuron(outputs):
         _exit_wait.append(atexit.register(time.sleep, EXIT_WAIT_S))
+
+
+def mark() -> int:
+    """A mark before a backward starts, for `claim_hook_error`."""
     with _lock:
         return next(_tokens)
 
