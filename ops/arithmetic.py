@@ -43,21 +43,28 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
     plain_op = E.Elementwise(name + "_plain", njit(plain), 0, kind, engine, float_only) \
         if plain is not None else None
 
+    passed = set()  # (signature, inplace): the dtype checks passed (Note [Checks by signature])
+
     def parse(args, kwargs, inplace=False):
+        operands_ = args[:operands]
+        sig = None
         if check is not None:
-            if inplace:  # the CPU checks the cast into the output first
-                E.check_castable(E.result_type(*args[:operands]), args[0].dtype)
-            check(*args[:operands])
+            sig = E.signature(operands_)
+            if (sig, inplace) not in passed:
+                if inplace:  # the CPU checks the cast into the output first
+                    E.check_castable(E.result_type(*operands_, sig=sig), args[0].dtype)
+                check(*operands_)
+                passed.add((sig, inplace))
         values = []
         for j, (pname, default) in enumerate(params):
             i = operands + j
             values.append(args[i] if i < len(args) else kwargs.get(pname, default))
-        operands_ = args[:operands]
         if values and params[0][0] == "alpha":
             if not numerics.fits_every_dtype(values[0]):
-                numerics.check_alpha(values[0], E.result_type(*operands_))
+                sig = sig or E.signature(operands_)
+                _check_alpha(values[0], E.result_type(*operands_, sig=sig))
         elif checked_params and not _fit_float_compute(operands_, values):
-            dtype = E.result_type(*operands_)
+            dtype = E.result_type(*operands_, sig=sig)
             for v in values:
                 numerics.check_fits_compute(v, dtype)
         if round_scalars:
@@ -99,6 +106,25 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             return op, ops, values
 
     return op
+
+
+# Note [Checks by signature]
+# The CPU's checks of an op's operands (a bool subtraction, an integer quotient, lerp's
+# dtypes, an in-place result that cannot be cast) depend only on what E.signature keeps: the
+# dtypes, which tensors are 0-dim, the scalars' types. So each passing signature is
+# remembered per op, and an optimizer's add_, addcmul_ and addcdiv_ skip them (finding the
+# result type took most of their ~15 us of checks). A float alpha's range check depends on
+# its value: passing (value, dtype) pairs are remembered too, as a schedule repeats them.
+_alphas_passed: set = set()
+
+
+def _check_alpha(alpha, dtype: torch.dtype) -> None:
+    key = (type(alpha), alpha, dtype)
+    if key not in _alphas_passed:
+        numerics.check_alpha(alpha, dtype)
+        if len(_alphas_passed) > 4096:  # (a schedule of ever new values: keep it bounded)
+            _alphas_passed.clear()
+        _alphas_passed.add(key)
 
 
 def _fit_float_compute(operands, values) -> bool:

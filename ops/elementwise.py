@@ -129,15 +129,22 @@ def dtypes_for(op: Elementwise, operands) -> tuple[torch.dtype, str]:
     return promotion(op, operands)[:2]
 
 
-def promotion(op: Elementwise, operands):
+def signature(operands) -> tuple:
+    """What PyTorch's dtype rules see of `operands`: (dtype, is 0-dim) of each tensor, the
+    type of each Python scalar."""
+    return tuple([(a.dtype, a.dim() == 0) if isinstance(a, torch.Tensor) else type(a)
+                  for a in operands])
+
+
+def promotion(op: Elementwise, operands, sig: tuple | None = None):
     """(result dtype, compute type, scalar cast) of `op` on `operands`, by PyTorch's
     promotion rules; the cast turns a Python scalar into a kernel argument.
 
     Computed on CPU stand-ins (torch.result_type on neuron tensors would dispatch) and
-    cached by the operands' (dtype, is-0-dim) or Python scalar type.
+    cached by the operands' signature (given, or found here).
     """
-    sig = tuple([(a.dtype, a.dim() == 0) if isinstance(a, torch.Tensor) else type(a)
-                 for a in operands])
+    if sig is None:
+        sig = signature(operands)
     key = (op.kind, op.float_only, op.name, default_dtype(), sig)
     hit = _promotion_cache.get(key)
     if hit is None:
@@ -268,9 +275,10 @@ def scalar_tensors_cast(op: Elementwise, operands):
                  and torch.promote_types(a.dtype, target) != target else a for a in operands)
 
 
-def result_type(*operands) -> torch.dtype:
-    """torch.result_type for neuron operands, without dispatching."""
-    return dtypes_for(_PROMOTE, operands)[0]
+def result_type(*operands, sig: tuple | None = None) -> torch.dtype:
+    """torch.result_type for neuron operands, without dispatching (`sig`: their signature,
+    where the caller has it)."""
+    return promotion(_PROMOTE, operands, sig)[0]
 
 
 _SCALAR_TYPES = (float, int, bool)

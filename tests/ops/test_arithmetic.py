@@ -1,5 +1,9 @@
+import contextlib
+
 import pytest
 import torch
+
+import neuron_eager
 
 from checks import check_op
 
@@ -329,6 +333,34 @@ def test_refused_like_the_cpu(fn):
     with pytest.raises(type(cpu.value)) as ours:
         fn(a.to("neuron"), b.to("neuron"))
     assert str(ours.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_checks_that_passed_once_still_refuse_other_operands(adaptive):
+    """Passing checks are remembered per signature (Note [Checks by signature] in
+    ops/arithmetic.py): each refused call right after an accepted one of the same op, on the
+    CPU and on neuron, gives the CPU's error and leaves the tensor unchanged."""
+    calls = [  # (accepted, refused)
+        (lambda f, i, h: f.add_(f, alpha=70000.0), lambda f, i, h: h.add_(h, alpha=70000.0)),
+        (lambda f, i, h: f.add_(f), lambda f, i, h: i.add_(f)),
+        (lambda f, i, h: f.sub_(f), lambda f, i, h: (f > 0).sub_(f > 1)),
+        (lambda f, i, h: f.addcdiv_(f, f + 1), lambda f, i, h: i.addcdiv_(i, i)),
+        (lambda f, i, h: f.lerp_(f, 0.5), lambda f, i, h: f.lerp_(h, 0.5)),
+    ]
+    with neuron_eager.adaptive_eager() if adaptive else contextlib.nullcontext():
+        for accepted, refused in calls:
+            for device in ("cpu", "neuron"):
+                f = torch.tensor([1.0, 2.0, 3.0], device=device)
+                i, h = f.long(), f.half()
+                accepted(f, i, h)
+                before = [t.cpu().clone() for t in (f, i, h)]
+                with pytest.raises(RuntimeError) as e:
+                    refused(f, i, h)
+                if device == "cpu":
+                    cpu_error = str(e.value)
+                else:
+                    assert str(e.value) == cpu_error
+                    assert all(torch.equal(t.cpu(), b) for t, b in zip((f, i, h), before))
 
 
 @pytest.mark.parametrize("shapes", [((3,), (4,)), ((2, 3), (3, 2)), ((5, 1, 4), (2, 3)),
