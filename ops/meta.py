@@ -16,28 +16,43 @@ _LIMIT = 4096
 
 
 def meta_run(op, *args, **kwargs):
-    """`op(*args, **kwargs)` on meta copies of the tensors. The result (meta tensors) is
-    shared between calls with the same signature: read its metadata, never write it."""
-    key = (op, _signature(args), _signature(tuple(sorted(kwargs.items()))))
+    """`op(*args, **kwargs)` on meta copies of the tensors, a refusal raised in the CPU's
+    words. The result (meta tensors) is shared between calls with the same signature: read
+    its metadata, never write it."""
+    return _cached(_run, op, args, kwargs)
+
+
+def meta_outputs(op, args):
+    """`op(*args)` on meta copies of the tensors, cached as meta_run caches, raising what
+    the meta kernel raises (NotImplementedError where it has none)."""
+    return _cached(_run_meta, op, args, {})
+
+
+def _cached(run, op, args, kwargs):
+    key = (run, op, _signature(args), _signature(tuple(sorted(kwargs.items()))))
     try:
         hit = _cache.get(key)
     except TypeError:  # an unhashable argument: run it every time
-        return _run(op, args, kwargs)
+        return run(op, args, kwargs)
     if hit is None:
         if len(_cache) >= _LIMIT:
             _cache.clear()
-        hit = _cache[key] = _run(op, args, kwargs)
+        hit = _cache[key] = run(op, args, kwargs)
     return hit
 
 
-def _run(op, args, kwargs):
+def _run_meta(op, args, kwargs):
     def to_meta(a):
         if isinstance(a, torch.Tensor):
             return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
         return a
 
+    return op(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+
+
+def _run(op, args, kwargs):
     try:
-        return op(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+        return _run_meta(op, args, kwargs)
     except RuntimeError as error:
         in_cpu_words(op, args, kwargs)
         raise error
