@@ -17,6 +17,7 @@ from neuron_eager.ops import copy as C
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
+from neuron_eager.ops.meta import meta_outputs
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.router import write_result
 
@@ -62,10 +63,12 @@ def _storer64(code: str):
 
 
 def _meta(op, args, kwargs):
+    """The factory's result on meta (cached: arange's meta kernel is a Python reference, ~1
+    ms a call here): its metadata only."""
     kwargs = dict(kwargs)
     kwargs["device"] = "meta"
     kwargs.pop("pin_memory", None)
-    return op(*args, **kwargs)
+    return meta_outputs(op, args, kwargs)
 
 
 def _empty_for(meta) -> T.NeuronTensor:

@@ -22,14 +22,16 @@ def meta_run(op, *args, **kwargs):
     return _cached(_run, op, args, kwargs)
 
 
-def meta_outputs(op, args):
-    """`op(*args)` on meta copies of the tensors, cached as meta_run caches, raising what
-    the meta kernel raises (NotImplementedError where it has none)."""
-    return _cached(_run_meta, op, args, {})
+def meta_outputs(op, args, kwargs=None):
+    """`op(*args, **kwargs)` on meta copies of the tensors, cached as meta_run caches,
+    raising what the meta kernel raises (NotImplementedError where it has none)."""
+    return _cached(_run_meta, op, args, kwargs or {})
 
 
 def _cached(run, op, args, kwargs):
-    key = (run, op, _signature(args), _signature(tuple(sorted(kwargs.items()))))
+    # (the default dtype: a factory's, or an integer op's float result, follows it)
+    key = (run, op, torch.get_default_dtype(), _signature(args),
+           _signature(tuple(sorted(kwargs.items()))))
     try:
         hit = _cache.get(key)
     except TypeError:  # an unhashable argument: run it every time

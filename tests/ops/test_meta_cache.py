@@ -38,20 +38,35 @@ def test_signature_tells_layouts_and_values_apart():
 
 
 @pytest.mark.parametrize("call", [
-    lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
-    lambda x: F.grid_sample(x, torch.zeros(1, 3, 3, 2, device=x.device), align_corners=False),
-    lambda x: F.avg_pool2d(x, 2),
+    lambda x, grid: F.interpolate(x, scale_factor=2, mode="bilinear"),
+    lambda x, grid: F.grid_sample(x, grid, align_corners=False),
+    lambda x, grid: F.avg_pool2d(x, 2),
+    lambda x, grid: torch.arange(0.5, 4, device=x.device) + x,
 ])
 def test_kernels_checking_on_meta_run_each_signature_once(call, monkeypatch):
-    """Resampling, grid sampling and pooling check their arguments on meta tensors (some
-    meta kernels are Python decompositions: bilinear upsampling's took ~36 ms a call)."""
-    x = torch.randn(1, 2, 4, 4)
-    expected = call(x)
+    """Resampling, grid sampling, pooling and factories check their arguments on meta
+    tensors (some meta kernels are Python decompositions: bilinear upsampling's took ~36 ms
+    a call, arange's ~1 ms)."""
+    x, grid = torch.randn(1, 2, 4, 4), torch.rand(1, 3, 3, 2) * 2 - 1
+    expected = call(x, grid)
+    x, grid = x.to(N), grid.to(N)
     runs = []
     real = meta._run_meta
     monkeypatch.setattr(meta, "_run_meta", lambda *a: runs.append(a) or real(*a))
     meta._cache.clear()
-    first, second = call(x.to(N)), call(x.to(N))
+    first, second = call(x, grid), call(x, grid)
     assert len(runs) == 1
     for got in (first, second):
         torch.testing.assert_close(got.cpu(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_factories_follow_the_default_dtype():
+    for dtype in (torch.float64, torch.float32):
+        with torch.device("cpu"):
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)
+            try:
+                assert torch.arange(0.0, 3, device=N).dtype == dtype
+                assert torch.full((2,), 1.5, device=N).dtype == dtype
+            finally:
+                torch.set_default_dtype(previous)
