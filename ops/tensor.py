@@ -80,7 +80,11 @@ def check_dtype(dtype: torch.dtype) -> None:
         if dtype.is_complex:
             raise UnsupportedDtypeError(f"{dtype} is not supported on neuron: Trainium has no "
                                         "complex dtypes. Keep complex tensors on the CPU.")
-        raise UnsupportedDtypeError(f"{dtype} is not supported on neuron")
+        kept = ", ".join(str(d).removeprefix("torch.") for d in STORAGE_DTYPE)
+        raise UnsupportedDtypeError(
+            f"{dtype} is not supported on neuron: neuron tensors hold {kept}. Keep "
+            f"{str(dtype).removeprefix('torch.')} tensors on the CPU, or convert them there "
+            f"first (e.g. x.to(torch.bfloat16))")
 
 
 def device_error(other: torch.device) -> RuntimeError:

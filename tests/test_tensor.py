@@ -236,6 +236,10 @@ def test_unsupported_layouts_and_dtypes_are_refused_clearly():
         torch.ones(2, dtype=torch.complex64).to("neuron")
     with pytest.raises(RuntimeError, match="complex"):
         torch.zeros(2, dtype=torch.complex64, device="neuron")
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):  # the dtypes it holds, a way out
+        with pytest.raises(RuntimeError, match=r"neuron tensors hold float32, .*bfloat16, .*"
+                                               r"Keep float8_\w+ tensors on the CPU"):
+            torch.ones(2).to(fp8).to("neuron")
     x = torch.ones(3, device="neuron")
     for complex_op in (lambda: x * 1j, lambda: 1j + x, lambda: x * torch.tensor(1j),
                        lambda: x ** 1j):  # (a TypeError there became "unsupported operand")
