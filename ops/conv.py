@@ -18,7 +18,9 @@ from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.matmul import (compute_dtype, flat, gemm_values, narrow_into, raise_like_cpu,
                                      rate, result_buffer, widen)
+from neuron_eager.ops.meta import meta_outputs
 from neuron_eager.ops.registry import register
+from neuron_eager.ops.views import decomposed, unusual_column_arguments
 
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
@@ -481,6 +483,69 @@ def _launch(products: list, dtype: torch.dtype, *tensors) -> None:
     core.launch("tensor", sum(b * m * k * n for b, m, k, n in products),
                 sum(t._nd.nbytes for t in tensors if t is not None), matmul=products,
                 dtype=rate(dtype))
+
+
+# -- F.unfold and F.fold: the column transforms alone ------------------------------------------
+# Both run the kernels above (PyTorch's decompositions took ~3 ms a call for a 4x4 image
+# here: 18 ops); arguments the meta kernel refuses, and unusual ones, take the decomposition,
+# which raises the CPU's errors.
+def _column_meta(op, x, args):
+    if x.numel() == 0 or unusual_column_arguments(args):
+        return None
+    try:
+        return meta_outputs(op, (x, *args))
+    except RuntimeError:
+        return None
+
+
+def _column_geometry(N, C, image_size, kernel_size, dilation, padding, stride, x_strides):
+    (H, W), (kh, kw), (dh, dw), (ph, pw), (sh, sw) = image_size, kernel_size, dilation, \
+        padding, stride
+    Ho, Wo = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return np.array([N, C, 1, H, W, *x_strides, 1, kh, kw, 1, Ho, Wo, 1, sh, sw, 0, ph, pw,
+                     1, dh, dw], np.int64)
+
+
+@register(aten.im2col.default)
+def unfold(x, kernel_size, dilation, padding, stride):
+    """F.unfold: im2col above on the image's own elements (any dtype: a copy), then the
+    samples to the front."""
+    args = (kernel_size, dilation, padding, stride)
+    meta = _column_meta(aten.im2col.default, x, args)
+    if meta is None:
+        return decomposed(aten.im2col.default, x, *args)
+    image = x if x.dim() == 4 else x.unsqueeze(0)
+    (N, C, _, H, W), (sn, sc, _, sh, sw) = _five(image)
+    g = _column_geometry(N, C, (H, W), *args, (sn, sc, 0, sh, sw))
+    out = T.empty(meta.shape, x.dtype)
+    dst = out._nd.reshape(-1)
+    cols = dst if N == 1 else np.empty_like(dst)  # (C*kh*kw, N, L)
+    workers.share_rows(im2col, N, cols.size, [cols, flat(image), g])
+    if N > 1:
+        workers.copy(dst.reshape(N, -1, meta.shape[-1]),
+                     cols.reshape(-1, N, meta.shape[-1]).transpose(1, 0, 2))
+    core.launch("vector", dst.size, 2 * dst.nbytes)
+    return out
+
+
+@register(aten.col2im.default)
+def fold(x, output_size, kernel_size, dilation, padding, stride):
+    """F.fold of fp32 columns: col2im above adds each window's entries into the image in the
+    CPU's order (its im2col.h: windows by (channel, i, j), then by position)."""
+    args = (output_size, kernel_size, dilation, padding, stride)
+    meta = _column_meta(aten.col2im.default, x, args)
+    if meta is None or x.dtype != torch.float32:
+        return decomposed(aten.col2im.default, x, *args)
+    (kh, kw), (H, W) = kernel_size, output_size
+    cols = x if x.dim() == 3 else x.unsqueeze(0)
+    N, C = cols.shape[0], cols.shape[1] // (kh * kw)
+    g = _column_geometry(N, C, (H, W), *args[1:], (0, 0, 0, 0, 0))
+    img = np.zeros(N * C * H * W, np.float32)
+    workers.share_rows(col2im, N, cols.numel(), [img, widen(cols.contiguous()), g])
+    out = T.empty(meta.shape, torch.float32)
+    out._nd.reshape(-1)[:] = img
+    core.launch("vector", cols.numel(), cols.numel() * 4 + img.nbytes)
+    return out
 
 
 @register(aten.convolution.default)

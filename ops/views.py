@@ -365,23 +365,18 @@ def _cpu_checks(op, x, *args) -> None:
         raise meta_error
 
 
-@register(aten.im2col.default)
-def im2col(x, kernel_size, dilation, padding, stride):  # (F.unfold)
-    return _with_cpu_errors(aten.im2col.default, x, kernel_size, dilation, padding, stride)
-
-
-@register(aten.col2im.default)
-def col2im(x, output_size, kernel_size, dilation, padding, stride):  # (F.fold)
-    return _with_cpu_errors(aten.col2im.default, x, output_size, kernel_size, dilation,
-                            padding, stride)
-
-
-def _with_cpu_errors(op, x, *args):
-    """op through PyTorch's decomposition, with its argument errors in the CPU's words: a
-    CPU stand-in with no memory raises them before any work. (The decomposition takes a
-    negative padding, or a size of 0, without a word: those go to the CPU first.)"""
+def unusual_column_arguments(args) -> bool:
+    """For im2col/col2im (F.unfold/F.fold) args after the input: a negative padding, or a
+    stride or size of 0, which PyTorch's decomposition takes without a word."""
     *sizes, padding, stride = args
-    if min(padding) < 0 or min(stride) <= 0 or any(min(s) <= 0 for s in sizes[-2:]):
+    return min(padding) < 0 or min(stride) <= 0 or any(min(s) <= 0 for s in sizes[-2:])
+
+
+def decomposed(op, x, *args):
+    """im2col/col2im through PyTorch's decomposition, with argument errors in the CPU's
+    words: a CPU stand-in with no memory raises them before any work (unusual arguments go
+    to it first)."""
+    if unusual_column_arguments(args):
         op(_cpu_stand_in(x), *args)
     try:
         return decomposition_table[op](x, *args)

@@ -230,3 +230,42 @@ def test_conv_reports_its_implicit_gemm_to_the_cost_model():
     assert record.cost.tiles == core.cost_model.matmul_tiles(2 * 2, 4, 27, 64)[0]
     assert record.cost == core.cost_model.cost("tensor", 2 * 8 * 64 * 27, record.nbytes,
                                                matmul=[(4, 4, 27, 64)], dtype="fp32")
+
+
+@pytest.mark.parametrize("n, c, size, cfg", [
+    (1, 1, (4, 4), dict(kernel_size=3)),
+    (2, 8, (9, 9), dict(kernel_size=3, padding=1, stride=2)),
+    (None, 6, (5, 7), dict(kernel_size=(2, 3), dilation=(2, 1), padding=(1, 0), stride=(1, 2))),
+    (4, 3, (8, 12), dict(kernel_size=3, dilation=(2, 1), padding=(2, 1), stride=(2, 3))),
+])
+def test_fold_adds_windows_in_the_cpus_order(n, c, size, cfg, seed):
+    """F.fold of fp32 columns (conv's col2im): the CPU's bits, batched or not, from
+    contiguous and transposed columns, and its gradient (F.unfold)."""
+    kernel = nn_pair(cfg["kernel_size"])
+    blocks = F.unfold(torch.zeros(1, 1, *size), **cfg).shape[-1]
+    shape = (c * kernel[0] * kernel[1], blocks) if n is None else (n, c * kernel[0] * kernel[1],
+                                                                    blocks)
+    x = torch.randn(shape)
+    expected = F.fold(x, size, **cfg)
+    for cols in (x, x.transpose(-1, -2).contiguous().transpose(-1, -2)):
+        assert torch.equal(F.fold(cols.to("neuron"), size, **cfg).cpu(), expected)
+    check_op(lambda t: F.fold(t, size, **cfg), x.requires_grad_(), grad=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool])
+@pytest.mark.parametrize("n", [None, 1, 3])
+def test_unfold_copies_windows_as_the_cpu(n, dtype, seed):
+    """F.unfold (conv's im2col, samples moved to the front): the CPU's elements and layout
+    for batched and unbatched images, strided ones too; fp32 gradients through F.fold."""
+    x = (torch.randn((4, 7, 9) if n is None else (n, 4, 7, 9)) * 5).to(dtype)
+    for cfg in (dict(kernel_size=3),
+                dict(kernel_size=(2, 3), dilation=(2, 1), padding=(1, 0), stride=(1, 2))):
+        for image in (x, x.transpose(-1, -2).contiguous().transpose(-1, -2), x[..., ::2, :]):
+            expected, got = F.unfold(image, **cfg), F.unfold(image.to("neuron"), **cfg).cpu()
+            assert torch.equal(got, expected) and got.stride() == expected.stride()
+        if dtype == torch.float32:
+            check_op(lambda t: F.unfold(t, **cfg), x.clone().requires_grad_(), grad=True)
+
+
+def nn_pair(v):  # (an int or a pair, as nn.Fold takes them)
+    return v if isinstance(v, tuple) else (v, v)
