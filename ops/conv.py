@@ -540,10 +540,10 @@ def fold(x, output_size, kernel_size, dilation, padding, stride):
     cols = x if x.dim() == 3 else x.unsqueeze(0)
     N, C = cols.shape[0], cols.shape[1] // (kh * kw)
     g = _column_geometry(N, C, (H, W), *args[1:], (0, 0, 0, 0, 0))
-    img = np.zeros(N * C * H * W, np.float32)
-    workers.share_rows(col2im, N, cols.numel(), [img, widen(cols.contiguous()), g])
     out = T.empty(meta.shape, torch.float32)
-    out._nd.reshape(-1)[:] = img
+    img = out._nd.reshape(-1)
+    img[:] = 0
+    workers.share_rows(col2im, N, cols.numel(), [img, widen(cols.contiguous()), g])
     core.launch("vector", cols.numel(), cols.numel() * 4 + img.nbytes)
     return out
 
