@@ -73,6 +73,24 @@ def test_linear_upsampling_keeps_infinities_as_the_cpu_does(shape, mode):
         torch.testing.assert_close(got, cpu, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cfg", [dict(scale_factor=1.7), dict(size=(4, 11), align_corners=True),
+                                 dict(scale_factor=(0.6, 2.5))])
+def test_bicubic_upsampling_forward(dtype, cfg, seed):
+    """Floats: the CPU's 4 x 4 taps summed (was PyTorch's decomposition); channels-last
+    images stay channels-last, as on the CPU; infinities and NaN where the CPU has them."""
+    x = _rand(2, 3, 6, 7, dtype=dtype, grad=False)
+    check_op(lambda t: F.interpolate(t, mode="bicubic", **cfg), x)
+    last = x.contiguous(memory_format=torch.channels_last)
+    got = F.interpolate(last.to("neuron"), mode="bicubic", **cfg)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(1, 2, 5, 6)
+    x.view(-1)[::7] = float("-inf")
+    cpu = F.interpolate(x, mode="bicubic", **cfg)
+    got = F.interpolate(x.to("neuron"), mode="bicubic", **cfg).cpu()
+    assert torch.equal(got.isnan(), cpu.isnan()) and torch.equal(got.isinf(), cpu.isinf())
+
+
 def test_antialias_forward(seed):
     check_op(lambda x: F.interpolate(x, size=(3, 8), mode="bilinear", antialias=True),
              _rand(2, 3, 7, 5, grad=False))
