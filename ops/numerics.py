@@ -192,6 +192,14 @@ def round_to_f16(x):
     return u32_as_f32(sign | value)
 
 
+# One jitted function per conversion: a second copy of the same code would have the same
+# disk-cache key, so a fresh process would load one copy's machine code for the other
+# (Note [Plain kernels on disk] in ops/jit.py), and `_decoder` runs once per loader.
+_AS_F32 = njit(lambda x: np.float32(x))
+_AS_I32 = njit(lambda x: np.int64(np.int32(x)))  # int64 is computed in 32 bits
+_NONZERO = njit(lambda x: x != 0)
+
+
 # fp32 inputs rounded on load, for auto-cast (see `load_code`)
 _AUTO_CAST_DECODERS = {
     "f32>bf16": njit(lambda x: bf16_to_f32(f32_to_bf16(x))),
@@ -222,9 +230,9 @@ def _decoder(code: str):
     if code == "f16":
         return f16_to_f32
     if code == "f64":
-        return njit(lambda x: np.float32(x))
+        return _AS_F32
     if code == "i64":
-        return njit(lambda x: np.int64(np.int32(x)))  # computed in 32 bits
+        return _AS_I32
     return identity
 
 
@@ -260,11 +268,12 @@ def _to_int64(x):
 
 
 _CASTS = {
-    "f32": njit(lambda x: np.float32(x)),
+    "f32": _AS_F32,
     "int": njit(lambda x: to_int64(x)),
-    "bool": njit(lambda x: x != 0),
+    "bool": _NONZERO,
 }
 _loaders: dict = {}
+_composed: dict = {}  # (decoder, cast) -> their loader
 _storers: dict = {}
 
 
@@ -276,8 +285,10 @@ def loader(code: str, compute: str):
         decode, cast = _decoder(code), _CASTS[compute]
         if code == "b" and compute == "bool":
             fn = identity
-        else:
-            fn = njit(lambda x: cast(decode(x)))
+        else:  # (one per pair: most integer formats share a decoder, see _AS_F32's comment)
+            fn = _composed.get((decode, cast))
+            if fn is None:
+                fn = _composed[decode, cast] = njit(lambda x: cast(decode(x)))
         _loaders[key] = fn
     return fn
 
@@ -298,7 +309,7 @@ def storer(code: str, stochastic: bool = False):
         elif code == "f16":
             fn = f32_to_f16_stochastic if stochastic else f32_to_f16
         elif code == "f32":
-            fn = njit(lambda x: np.float32(x))
+            fn = _AS_F32
         elif code == "f64":
             fn = njit(lambda x: np.float64(np.float32(x)))
         elif code == "i64":
@@ -306,7 +317,7 @@ def storer(code: str, stochastic: bool = False):
         elif code == "i64x":  # exact, for results wrapped and checked later (wrap_int64)
             fn = njit(lambda x: np.int64(x))
         elif code == "b":
-            fn = njit(lambda x: x != 0)
+            fn = _NONZERO
         else:
             cast = _INT_STORE[code]
             fn = njit(lambda x: cast(to_int64(x)))
