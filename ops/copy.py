@@ -18,6 +18,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics, workers
 from neuron_eager.ops.numerics import warn_int64_range
+from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sourceline import called_from_torch_file, warn_at_user_line
@@ -103,11 +104,11 @@ def copy_(dst, src, non_blocking=False):
     if not isinstance(src, torch.Tensor):  # x.copy_(2): the number as a host 0-dim tensor
         src = torch.tensor(src)
     if isinstance(dst, NeuronTensor):
-        T.check_no_internal_overlap(dst)
+        overlap.check_no_internal_overlap(dst)
         if isinstance(src, NeuronTensor):
             if src.shape != dst.shape:
                 _check_copy_shapes(dst, src)
-            T.check_no_partial_overlap(dst, src)
+            overlap.check_no_partial_overlap(dst, src)
             E.copy_into(dst, src)
         else:  # host -> device
             src = _plain(src)

@@ -18,6 +18,7 @@ from torch._prims_common import compute_elementwise_output_strides
 
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import kernelgen, numerics, streaming, transpose, workers
+from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 
 NeuronTensor = T.NeuronTensor
@@ -550,7 +551,7 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
                 raise RuntimeError(f"output with shape {list(out.shape)} doesn't match the "
                                    f"broadcast shape {list(broadcast_shape([out.shape, shape]))}")
             shape = tuple(out.shape)
-        T.check_no_internal_overlap(out)
+        overlap.check_no_internal_overlap(out)
         if not _no_aliases(operands, out):
             # another view of the output's memory: compute aside, then copy (no torn reads)
             tmp = run(op, operands, params, None)
@@ -597,7 +598,7 @@ def _no_aliases(operands, out) -> bool:
     storage, alone = out._storage, True
     for a in operands:
         if type(a) is NeuronTensor and a is not out and a._storage is storage:
-            T.check_no_partial_overlap(out, a)
+            overlap.check_no_partial_overlap(out, a)
             alone = False
     return alone
 

@@ -21,6 +21,7 @@ from neuron_eager.ops import _compat
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics
 from neuron_eager.ops.meta import in_cpu_words
+from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.jit import njit
@@ -481,7 +482,7 @@ def _index_add(x, dim, index, source, alpha):
 
 @register(aten.index_copy_.default)
 def index_copy_(x, dim, index, source):
-    T.check_no_internal_overlap(x)  # (the CPU's checks; PyTorch's decomposition has none)
+    overlap.check_no_internal_overlap(x)  # (the CPU's checks; PyTorch's decomposition has none)
     if T.shares_memory([x], [index, source]):  # Note [Writes into their own inputs]
         T.run_on_cpu(aten.index_copy_.default, (x, dim, index, source), {})
     _check_index_copy(x, dim, index, source)
@@ -543,7 +544,7 @@ def index_add(x, dim, index, source, *, alpha=1):
 @register(aten.index_add_.default)
 def index_add_(x, dim, index, source, *, alpha=1):
     x1, s1, dim, index = _index_add(x, dim, index, source, alpha)
-    T.check_no_internal_overlap(x)
+    overlap.check_no_internal_overlap(x)
     if T.shares_memory([x], [index, source]):  # Note [Writes into their own inputs]
         T.run_on_cpu(aten.index_add_.default, (x, dim, index, source), {"alpha": alpha})
     if x.dtype in (torch.bfloat16, torch.float16) or s1._storage is x1._storage:

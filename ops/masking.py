@@ -14,6 +14,7 @@ from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import indexing as I
 from neuron_eager.ops import kernelgen
 from neuron_eager.ops import numerics
+from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.jit import njit
@@ -168,7 +169,7 @@ def masked_fill(x, mask, value):
 def masked_fill_(x, mask, value):
     _check_mask(mask)
     value = _fill_value(value, x.dtype)
-    if T.has_internal_overlap(x):
+    if overlap.has_internal_overlap(x):
         _deprecated_on_expanded("masked_fill_")
         return fill_shared(x, aten.expand.default(mask, list(x.shape)), value)
     return E.run(_MASKED_FILL, [x, mask], [value], out=x)
@@ -205,10 +206,10 @@ def index_fill_(x, dim, index, value):
         op = aten.index_fill_.int_Tensor if isinstance(value, torch.Tensor) else \
             aten.index_fill_.int_Scalar
         T.run_on_cpu(op, (x, dim, index, value), {})
-    elif not T.has_internal_overlap(x):
+    elif not overlap.has_internal_overlap(x):
         return I.index_fill_into(x, dim, *I.check_index_fill(x, dim, index, value))
     result = I.index_fill(x, dim, index, value)  # (its checks and errors)
-    if not T.has_internal_overlap(x):
+    if not overlap.has_internal_overlap(x):
         return E.copy_into(x, result)
     _deprecated_on_expanded("index_fill_")
     none = aten.zeros_like.default(x, dtype=torch.bool, memory_format=torch.contiguous_format)
@@ -227,7 +228,7 @@ def triu_(x, diagonal=0):
 
 
 def _triangle_(x, diagonal, lower, op):
-    if not T.has_internal_overlap(x):
+    if not overlap.has_internal_overlap(x):
         return E.copy_into(x, _triangle_op(x, diagonal, lower, op))
     ones = aten.ones_like.default(x, dtype=torch.bool, memory_format=torch.contiguous_format)
     kept = _triangle_op(ones, diagonal, lower, op)  # the elements the triangle keeps
@@ -303,7 +304,7 @@ def masked_scatter_(x, mask, source):
     if tuple(torch.broadcast_shapes(x.shape, mask.shape)) != tuple(x.shape):
         raise RuntimeError(f"masked_scatter_: expected mask of shape broadcastable to "
                            f"{list(x.shape)}, got {list(mask.shape)}")
-    T.check_no_internal_overlap(x)
+    overlap.check_no_internal_overlap(x)
     return _masked_scatter_into(x, mask, source)
 
 

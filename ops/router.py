@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import KERNELS
 from neuron_eager.ops.sourceline import user_frame, warn_at_user_line
@@ -289,10 +290,10 @@ def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") 
 def _check_overlap(outs, args, kwargs) -> None:
     for dst in outs:
         if type(dst) is NeuronTensor:
-            T.check_no_internal_overlap(dst)
+            overlap.check_no_internal_overlap(dst)
             for a in (*args, *kwargs.values()):
                 if type(a) is NeuronTensor:
-                    T.check_no_partial_overlap(dst, a)
+                    overlap.check_no_partial_overlap(dst, a)
 
 
 def _run_inplace(functional, pointwise, func, args, kwargs):

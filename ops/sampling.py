@@ -17,6 +17,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import _compat
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
+from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import honours_device
 from neuron_eager.ops.fastmath import cos_f32, log_f32
@@ -104,7 +105,7 @@ def check_generator(generator):
 
 def fill_random(x: NeuronTensor, name: str, a=0.0, b=0.0, p: np.ndarray = _NO_P) -> NeuronTensor:
     """Fill x with samples of distribution `name`, one Philox counter per element."""
-    T.check_no_internal_overlap(x)  # (an expanded x: the CPU refuses, its draws would race)
+    overlap.check_no_internal_overlap(x)  # (an expanded x: the CPU refuses, its draws would race)
     n = x.numel()
     if n == 0:
         return x
@@ -461,7 +462,7 @@ def _upper(dtype: torch.dtype) -> int:
 
 
 def _fill_integers(x, start: int, span: int):
-    T.check_no_internal_overlap(x)
+    overlap.check_no_internal_overlap(x)
     code = numerics.CODE[x.dtype]
     kernel = _randoms.get(code)
     if kernel is None:
