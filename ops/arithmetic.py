@@ -43,18 +43,19 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
     plain_op = E.Elementwise(name + "_plain", njit(plain), 0, kind, engine, float_only) \
         if plain is not None else None
 
-    passed = set()  # (signature, inplace): the dtype checks passed (Note [Checks by signature])
+    passed = set()  # signatures whose in-place checks passed (Note [Checks by signature])
 
     def parse(args, kwargs, inplace=False):
         operands_ = args[:operands]
         sig = None
-        if check is not None:
+        if check is not None and not inplace:
+            check(*operands_)  # (cheap: the type tests alone)
+        elif check is not None:
             sig = E.signature(operands_)
-            if (sig, inplace) not in passed:
-                if inplace:  # the CPU checks the cast into the output first
-                    E.check_castable(E.result_type(*operands_, sig=sig), args[0].dtype)
+            if sig not in passed:  # the CPU checks the cast into the output first
+                E.check_castable(E.result_type(*operands_, sig=sig), args[0].dtype)
                 check(*operands_)
-                passed.add((sig, inplace))
+                passed.add(sig)
         values = []
         for j, (pname, default) in enumerate(params):
             i = operands + j
@@ -109,11 +110,12 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
 
 
 # Note [Checks by signature]
-# The CPU's checks of an op's operands (a bool subtraction, an integer quotient, lerp's
-# dtypes, an in-place result that cannot be cast) depend only on what E.signature keeps: the
-# dtypes, which tensors are 0-dim, the scalars' types. So each passing signature is
-# remembered per op, and an optimizer's add_, addcmul_ and addcdiv_ skip them (finding the
-# result type took most of their ~15 us of checks). A float alpha's range check depends on
+# The CPU's checks of an in-place op's operands (a result that cannot be cast into the
+# tensor, a bool subtraction, an integer quotient, lerp's dtypes) depend only on what
+# E.signature keeps: the dtypes, which tensors are 0-dim, the scalars' types. So each
+# passing signature is remembered per op, and an optimizer's add_, addcmul_ and addcdiv_
+# skip them (finding the result type took most of their ~15 us of checks). Out of place
+# there is no cast to check, and the type tests alone cost less than a signature. A float alpha's range check depends on
 # its value: passing (value, dtype) pairs are remembered too, as a schedule repeats them.
 _alphas_passed: set = set()
 
