@@ -227,3 +227,53 @@ def test_reflection_pads_and_their_gradients_are_the_cpus(k, pad, layout, dtype)
     # the backward is one kernel (besides moving the incoming gradient over)
     assert set(neuron_eager.get_executed_ops()) <= {
         f"aten::reflection_pad{k}d_backward", "aten::_to_copy", "aten::copy_", "aten::detach"}
+
+
+def _special_values(shape, dtype):
+    """Random values with -0.0, NaN and infinities among them (integers: any byte)."""
+    if not dtype.is_floating_point:
+        return torch.randint(0, 256, shape, dtype=dtype)
+    x = torch.randn(shape).to(dtype).reshape(-1)
+    x[::7], x[1::11], x[2::13] = -0.0, float("nan"), float("-inf")
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16,
+                                   torch.float16, torch.uint8])
+@pytest.mark.parametrize("shape,cfg", [
+    ((2, 3, 7), dict(mode="nearest", scale_factor=3)),
+    ((2, 3, 7), dict(mode="nearest-exact", size=4)),
+    ((2, 3, 6, 5), dict(mode="nearest", scale_factor=2)),
+    ((2, 3, 6, 5), dict(mode="nearest", size=(4, 11))),
+    ((2, 3, 6, 5), dict(mode="nearest-exact", scale_factor=(1.7, 0.6))),
+    ((1, 2, 3, 4, 5), dict(mode="nearest", scale_factor=(2, 1.5, 0.5))),
+    ((1, 2, 3, 4, 5), dict(mode="nearest-exact", size=(5, 3, 8))),
+])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided"])
+@pytest.mark.filterwarnings("ignore:float64 on neuron")
+def test_nearest_upsampling_copies_the_cpus_elements(dtype, shape, cfg, layout):
+    x = _special_values(shape, dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else
+                         torch.channels_last_3d) if x.dim() > 3 else x.transpose(1, 2)
+    elif layout == "strided":  # a crop of a wider tensor
+        x = torch.cat([x, x], dim=-1)[..., 1::2]
+    want = F.interpolate(x, **cfg)
+    got = F.interpolate(x.to("neuron"), **cfg)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    bits = [t.contiguous().view(torch.uint8) for t in (got.cpu(), want)]
+    assert torch.equal(*bits)
+
+
+def test_nearest_upsampling_refuses_as_the_cpu():
+    x = torch.randn(1, 1, 4, 4)
+    for bad in (dict(size=(0, 3)), dict(size=(2, 2, 2))):
+        with pytest.raises((RuntimeError, ValueError)) as cpu:
+            F.interpolate(x, mode="nearest", **bad)
+        with pytest.raises(type(cpu.value)):
+            F.interpolate(x.to("neuron"), mode="nearest", **bad)
+    ints = torch.ones(1, 1, 2, 2, dtype=torch.int32)
+    with pytest.raises(NotImplementedError):
+        F.interpolate(ints, scale_factor=2)
+    with pytest.raises(NotImplementedError):
+        F.interpolate(ints.to("neuron"), scale_factor=2)
