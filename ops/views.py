@@ -14,7 +14,7 @@ from torch._decomp import decomposition_table
 
 from neuron_eager.ops import _compat
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.meta import in_cpu_words
+from neuron_eager.ops.meta import in_cpu_words, meta_run
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -335,7 +335,7 @@ def diag_embed(x, offset=0, dim1=-2, dim2=-1):
     from neuron_eager.ops.copy import fill
     from neuron_eager.ops.elementwise import copy_into
 
-    meta = torch.diag_embed(meta_like(x), offset, dim1, dim2)
+    meta = meta_run(aten.diag_embed.default, x, offset, dim1, dim2)  # (a Python ref: cached)
     out = fill(T.empty(meta.shape, x.dtype), 0)
     copy_into(make_view(aten.diagonal.default)(out, offset, dim1, dim2), x)
     return out
