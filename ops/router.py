@@ -273,17 +273,9 @@ def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") 
         if what == "inplace":
             raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the broadcast "
                                f"shape {list(result.shape)}")
-        from neuron_eager.ops.views import resize_
+        from neuron_eager.ops.views import resize_output
 
-        if dst.numel() != 0:
-            warn_at_user_line(f"An output with one or more elements was resized since it had "
-                              f"shape {list(dst.shape)}, which does not match the required "
-                              f"output shape {list(result.shape)}. This behavior is deprecated, "
-                              f"and in a future PyTorch release outputs will not be resized "
-                              f"unless they have zero elements. You can explicitly reuse an out "
-                              f"tensor t by resizing it, inplace, to zero elements with "
-                              f"t.resize_(0).")
-        resize_(dst, result.shape)
+        resize_output(dst, result.shape)
     aten.copy_.default(dst, result)
 
 
@@ -414,6 +406,7 @@ def cpu_fallback(func, args, kwargs):
             f"(NEURON_EAGER_CPU_FALLBACK=0). Arguments: {_describe(args, kwargs)}")
     check_devices(args)
     inputs: list[tuple[torch.Tensor, NeuronTensor]] = []
+    copies: list[tuple[torch.Tensor, NeuronTensor]] = []
 
     def down(x):
         if isinstance(x, NeuronTensor):
@@ -424,8 +417,18 @@ def cpu_fallback(func, args, kwargs):
             return torch.device("cpu")
         return x
 
-    cpu_args = tree_map(down, args)
-    cpu_kwargs = tree_map(down, kwargs)
+    def down_copy(x):
+        if isinstance(x, NeuronTensor):
+            copy = T.cpu_alias(x).clone()  # (torch's: a NumPy-made copy cannot be resized)
+            copies.append((copy, x))
+            return copy
+        return down(x)
+
+    copied = _copied_args(func)
+    names = [a.name for a in func._schema.arguments]
+    cpu_args = tuple(tree_map(down_copy if i < len(names) and names[i] in copied else down, a)
+                     for i, a in enumerate(args))
+    cpu_kwargs = {k: tree_map(down_copy if k in copied else down, v) for k, v in kwargs.items()}
     if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == T.DEVICE.type:
         cpu_kwargs["device"] = torch.device("cpu")
     with torch._C._DisableTorchDispatch():
@@ -441,6 +444,8 @@ def cpu_fallback(func, args, kwargs):
                                f"the op without out=") from e
     # (after the run: a call the CPU refuses too raises its error, and nothing fell back)
     _refuse_complex(name, out)
+    for copy, original in copies:
+        _write_back(original, copy)
     if name not in _warned:
         _warned.add(name)
         warn_at_user_line(f"Operator '{name}' fell back to CPU")
@@ -449,7 +454,7 @@ def cpu_fallback(func, args, kwargs):
     def up(o):
         if not isinstance(o, torch.Tensor) or isinstance(o, NeuronTensor):
             return o
-        for alias, original in inputs:
+        for alias, original in (*copies, *inputs):
             if o is alias:
                 T.refresh(original)
                 return original
@@ -463,6 +468,33 @@ def cpu_fallback(func, args, kwargs):
         return T.from_cpu(o)
 
     return tree_map(up, out)
+
+
+_copied: dict = {}  # id(op) -> names of the arguments its CPU run gets as copies
+
+
+def _copied_args(func) -> frozenset:
+    """Arguments a fallback op writes that are neither out= tensors nor an in-place op's
+    `self`: buffers such as a fake-quantizer's observer range and scale, which its CPU kernel
+    may also resize (from shape (0,) to one per channel), and an alias of device memory
+    cannot grow. The CPU run gets copies, written back after it (resized where it resized
+    them), as PyTorch's own CPU fallback copies mutated arguments back."""
+    names = _copied.get(id(func))
+    if names is None:
+        arguments = func._schema.arguments
+        skip = 0 if not _is_inplace(func) else 1
+        names = _copied[id(func)] = frozenset(
+            a.name for a in arguments[skip:]
+            if a.alias_info is not None and a.alias_info.is_write and not a.is_out)
+    return names
+
+
+def _write_back(original: NeuronTensor, copy: torch.Tensor) -> None:
+    if copy.shape != original.shape:
+        from neuron_eager.ops.views import resize_
+
+        resize_(original, copy.shape)
+    aten.copy_.default(original, copy)
 
 
 def _refuse_complex(name: str, out) -> None:

@@ -16,6 +16,7 @@ from neuron_eager.ops import _compat
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.meta import in_cpu_words, meta_run
 from neuron_eager.ops.registry import register
+from neuron_eager.ops.sourceline import warn_at_user_line
 
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
@@ -218,6 +219,31 @@ def resize_(x: NeuronTensor, shape, memory_format=None) -> NeuronTensor:
 
 
 register(aten.resize_.default)(resize_)
+
+
+def resize_output(x: NeuronTensor, shape) -> None:
+    """PyTorch's resize_output: an out= tensor of another shape takes the result's, with a
+    deprecation warning when it held elements."""
+    if tuple(x.shape) == tuple(shape):
+        return
+    if x.numel() != 0:
+        warn_at_user_line(f"An output with one or more elements was resized since it had "
+                          f"shape {list(x.shape)}, which does not match the required "
+                          f"output shape {list(shape)}. This behavior is deprecated, "
+                          f"and in a future PyTorch release outputs will not be resized "
+                          f"unless they have zero elements. You can explicitly reuse an out "
+                          f"tensor t by resizing it, inplace, to zero elements with "
+                          f"t.resize_(0).")
+    resize_(x, shape)
+
+
+@register(aten._resize_output_.default)  # (PyTorch's Python out= wrappers call it)
+def _resize_output_(x, size, device):
+    device = torch.device(device)
+    if device.type != x.device.type or device.index not in (None, x.device.index):
+        raise RuntimeError("out Tensor doesn't have the correct device set")
+    resize_output(x, size)
+    return x
 
 
 @register(aten.set_.source_Tensor)

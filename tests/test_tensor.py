@@ -375,6 +375,28 @@ def test_fallback_inplace_writes_reach_the_device():
         "aten::special_i0e" in neuron_eager.get_fallback_ops()
 
 
+def test_fallback_op_that_resizes_the_buffers_it_updates():
+    """A fused fake-quantizer (QAT's default per-channel weight observer) has no neuron
+    kernel; its CPU kernel updates the observer's running range and the scale in place and
+    grows them from shape (0,)/(1,) to one per channel, which memory aliasing the device
+    cannot do: the CPU run gets copies, written back."""
+    import torch.ao.quantization as Q
+
+    w = torch.randn(6, 4)
+    quantizers, outputs = [], []
+    for device in ("cpu", "neuron"):
+        fq = Q.get_default_qat_qconfig("fbgemm").weight().to(device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outputs += [fq(w.to(device)), fq(w.to(device) * 2)]
+        quantizers.append(fq)
+    for want, got in zip(outputs[:2], outputs[2:]):
+        assert torch.equal(got.cpu(), want)
+    for (name, want), (_, got) in zip(*[fq.named_buffers() for fq in quantizers]):
+        assert got.device.type == "neuron" and got.shape == want.shape, name
+        assert torch.equal(got.cpu(), want), name
+
+
 def test_optimizers_take_their_foreach_path():
     from torch.optim.optimizer import _default_to_fused_or_foreach
 

@@ -1,4 +1,5 @@
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -198,6 +199,21 @@ def test_out_argument_of_another_shape_is_resized_with_the_cpus_warning():
     with pytest.warns(UserWarning, match="was resized"):
         torch.add(a.to("neuron"), 1.0, out=out)
     assert out.shape == (3, 4) and torch.equal(out.cpu(), a + 1.0)
+
+
+def test_resize_output_as_the_meta_kernel():
+    """`_resize_output_` (PyTorch's Python out= wrappers call it) has a meta kernel only: the
+    CPU fallback could not run it."""
+    for shape, size in [((3,), [5]), ((0,), [2, 2]), ((2, 2), [2, 2])]:
+        want, got = torch.empty(shape, device="meta"), torch.zeros(shape).to("neuron")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert torch.ops.aten._resize_output_(got, size, "neuron") is got
+        assert torch.ops.aten._resize_output_(want, size, "meta").shape == got.shape
+        resized_elements = torch.Size(shape).numel() != 0 and tuple(shape) != tuple(size)
+        assert got.is_contiguous() and bool(seen) == resized_elements  # the CPU's warning
+    with pytest.raises(RuntimeError, match="correct device"):
+        torch.ops.aten._resize_output_(torch.zeros(1).to("neuron"), [2], "cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
