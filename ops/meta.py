@@ -31,7 +31,7 @@ def meta_outputs(op, args, kwargs=None):
 def _cached(run, op, args, kwargs):
     # (the default dtype: a factory's, or an integer op's float result, follows it)
     key = (run, op, torch.get_default_dtype(), _signature(args),
-           _signature(tuple(sorted(kwargs.items()))))
+           tuple([(k, _signature(v)) for k, v in sorted(kwargs.items())]) if kwargs else ())
     try:
         hit = _cache.get(key)
     except TypeError:  # an unhashable argument: run it every time
@@ -95,8 +95,12 @@ def in_cpu_words(op, args, kwargs) -> None:
 
 
 def _signature(value):
+    kind = type(value)
+    if kind is list or kind is tuple:
+        for v in value:
+            if type(v) is not int:
+                return (kind.__name__, *[_signature(v) for v in value])
+        return (kind, tuple(value))  # (a shape: ints only, the common case, in one step)
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.stride(), value.dtype)
-    if type(value) in (list, tuple):
-        return (type(value).__name__, *[_signature(v) for v in value])
-    return (type(value), value)
+    return (kind, value)

@@ -430,11 +430,24 @@ def check_alpha(alpha, dtype: torch.dtype) -> None:
 
 def encode_scalar(value, dtype: torch.dtype):
     """The stored form of a Python scalar in `dtype` (as torch would round it)."""
-    check_fits(value, dtype)
-    t = torch.tensor(value.real if isinstance(value, complex) else value, dtype=dtype)
-    if dtype in (torch.bfloat16, torch.float16):
-        return np.uint16(t.view(torch.int16).item() & 0xFFFF)
-    return t.numpy()[()]
+    kind = type(value)
+    # (a float's sign is in the key: -0.0 == 0.0; a NaN finds no entry and is encoded anew)
+    key = (kind, value, dtype, math.copysign(1.0, value)) if kind is float else \
+        (kind, value, dtype) if kind is int or kind is bool else None
+    stored = _encoded.get(key) if key is not None else None
+    if stored is None:
+        check_fits(value, dtype)
+        t = torch.tensor(value.real if isinstance(value, complex) else value, dtype=dtype)
+        stored = np.uint16(t.view(torch.int16).item() & 0xFFFF) \
+            if dtype in (torch.bfloat16, torch.float16) else t.numpy()[()]
+        if key is not None:
+            if len(_encoded) >= 4096:
+                _encoded.clear()
+            _encoded[key] = stored
+    return stored
+
+
+_encoded: dict = {}  # (type, value, dtype[, sign]) -> stored form (fills repeat a few values)
 
 
 SCALAR_CAST = {"f32": np.float32, "bool": bool, "int": np.int64}

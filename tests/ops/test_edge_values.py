@@ -156,3 +156,20 @@ def test_rounded_scalars_keep_the_sign_of_zero_and_nan(dtype):
             _same_bits(a + scalar, (a.to(NEURON) + scalar).cpu())
         if scalar != 1e39:  # (an alpha beyond the dtype raises: tests/test_cpu_errors.py)
             _same_bits(a.sub(1.0, alpha=scalar), a.to(NEURON).sub(1.0, alpha=scalar).cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fills_of_equal_values_keep_their_own_bits(dtype):
+    """Filled values are remembered in their stored form; 0.0 == -0.0 and 1 == 1.0 == True,
+    so each must still get its own (a fill of 0.0 first, then of -0.0)."""
+    for value in (0.0, -0.0, 0.0, 1, 1.0, True, float("nan"), float("-inf"), 1e-40):
+        _same_bits(torch.full((3,), value, dtype=dtype),
+                   torch.full((3,), value, dtype=dtype, device=NEURON).cpu())
+        _same_bits(torch.zeros(2, dtype=dtype).fill_(value),
+                   torch.zeros(2, dtype=dtype, device=NEURON).fill_(value).cpu())
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.full((2,), 300, dtype=torch.uint8, device=NEURON)
+    with pytest.raises(RuntimeError, match="without overflow"):  # refused every time
+        torch.full((2,), 300, dtype=torch.uint8, device=NEURON)
+    assert torch.full((2,), True, device=NEURON).dtype == torch.bool
+    assert torch.full((2,), 1, device=NEURON).dtype == torch.int64
