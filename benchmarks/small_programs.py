@@ -26,11 +26,16 @@ N = "neuron"
 
 def mlp_adamw():
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10)).to(N)
+    m = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
+                      nn.Linear(256, 10)).to(N)
     opt = torch.optim.AdamW(m.parameters(), 1e-3)
     x, y = torch.randn(32, 64).to(N), torch.randint(0, 10, (32,)).to(N)
     def step():
-        opt.zero_grad(); loss = F.cross_entropy(m(x), y); loss.backward(); opt.step(); return loss.item()
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
     return step
 
 def grad_accum():
@@ -47,12 +52,17 @@ def grad_accum():
 
 def cnn():
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-                      nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).to(N)
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                      nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32),
+                      nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).to(N)
     opt = torch.optim.SGD(m.parameters(), 0.01)
     x, y = torch.randn(8, 3, 16, 16).to(N), torch.randint(0, 10, (8,)).to(N)
     def step():
-        opt.zero_grad(); loss = F.cross_entropy(m(x), y); loss.backward(); opt.step(); return loss.item()
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
     return step
 
 def lstm():
@@ -61,7 +71,12 @@ def lstm():
     opt = torch.optim.Adam(list(m.parameters()) + list(head.parameters()), 1e-3)
     x, y = torch.randn(4, 12, 32).to(N), torch.randn(4, 1).to(N)
     def step():
-        opt.zero_grad(); out, _ = m(x); loss = F.mse_loss(head(out[:, -1]), y); loss.backward(); opt.step(); return loss.item()
+        opt.zero_grad()
+        out, _ = m(x)
+        loss = F.mse_loss(head(out[:, -1]), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
     return step
 
 def varlen():
@@ -71,12 +86,17 @@ def varlen():
     lens = [7, 9, 12, 16, 5]; xs = [torch.randn(2, L, 64).to(N) for L in lens]; i = [0]
     def step():
         x = xs[i[0] % len(xs)]; i[0] += 1
-        opt.zero_grad(); loss = layer(x).pow(2).mean(); loss.backward(); opt.step(); return loss.item()
+        opt.zero_grad()
+        loss = layer(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss.item()
     return step
 
 def sgd_nosync():
     torch.manual_seed(0)
-    ws = [torch.randn(256, 256).to(N) for _ in range(4)]; gs = [torch.randn(256, 256).to(N) * 0.01 for _ in range(4)]
+    ws = [torch.randn(256, 256).to(N) for _ in range(4)]
+    gs = [torch.randn(256, 256).to(N) * 0.01 for _ in range(4)]
     bufs = [torch.zeros_like(w) for w in ws]
     def step():
         for _ in range(5):
@@ -97,7 +117,8 @@ def focal():
 
 def infer_print():
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(128, 512), nn.SiLU(), nn.Linear(512, 128), nn.LayerNorm(128)).to(N).eval()
+    m = nn.Sequential(nn.Linear(128, 512), nn.SiLU(), nn.Linear(512, 128),
+                      nn.LayerNorm(128)).to(N).eval()
     x = torch.randn(16, 128).to(N)
     def step():
         with torch.no_grad():

@@ -18,7 +18,8 @@ def parse_bytes(text: str) -> int:
     """'64MiB' -> 67108864; plain integers are bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if m is None or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read a byte size from {text!r} (examples: 1073741824, 512MiB, 2GiB)")
+        raise ValueError(f"cannot read a byte size from {text!r} "
+                         f"(examples: 1073741824, 512MiB, 2GiB)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 

@@ -30,9 +30,10 @@ class OutOfMemory(Exception):
         super().__init__(
             f"Neuron out of memory. Tried to allocate {format_bytes(requested)}; the simulated HBM "
             f"has a capacity of {format_bytes(capacity)} of which {format_bytes(free)} is free. "
-            f"{format_bytes(allocated)} is allocated by tensors and {format_bytes(reserved)} reserved "
-            f"by the caching allocator. Free tensors, call torch.neuron.empty_cache(), or set "
-            f"NEURON_EAGER_HBM_BYTES to simulate a larger HBM.")
+            f"{format_bytes(allocated)} is allocated by tensors and "
+            f"{format_bytes(reserved)} reserved by the caching allocator. Free tensors, call "
+            f"torch.neuron.empty_cache(), or set NEURON_EAGER_HBM_BYTES to simulate a larger "
+            f"HBM.")
 
 
 def format_bytes(n: int) -> str:

@@ -51,7 +51,8 @@ def train(device: str, steps: int, batch: int, log: bool) -> list[float]:
             print(f"step {step:3d}  loss {losses[-1]:.4f}  {times[-1] * 1e3:8.1f} ms")
     if log and steps > 1:
         later = sorted(times[1:])[len(times[1:]) // 2]
-        print(f"\nfirst step {times[0]:.2f} s (compiling the kernels, or loading them from the disk cache), "
+        print(f"\nfirst step {times[0]:.2f} s (compiling the kernels, or loading them from "
+              f"the disk cache), "
               f"later steps {later * 1e3:.1f} ms (median)")
     return losses
 

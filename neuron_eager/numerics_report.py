@@ -69,7 +69,8 @@ def sweep(lo: float, hi: float, points: int) -> np.ndarray:
         a, b = np.float32(max(-hi, 0) if hi < 0 else 0), np.float32(-lo)
         parts.append(-_span(a, b, points // 2 if hi > 0 else points))
     if hi > 0:
-        parts.append(_span(np.float32(max(lo, 0)), np.float32(hi), points // 2 if lo < 0 else points))
+        parts.append(_span(np.float32(max(lo, 0)), np.float32(hi),
+                           points // 2 if lo < 0 else points))
     return np.unique(np.concatenate(parts))
 
 
@@ -131,7 +132,8 @@ def markdown(rows: list[dict], points: int) -> str:
         "  `NEURON_RT_STOCHASTIC_ROUNDING_EN=1`). float64 computes as fp32, int64 as int32.",
         "- fp32 <-> bf16/fp16 conversions are bit-exact against `torch.Tensor.to` (NaN, inf,",
         "  subnormals and ties included; tests/test_tensor.py).",
-        "- Stochastic rounding adds 16 (bf16) or 13 (fp16) random low bits before truncating: unbiased",
+        "- Stochastic rounding adds 16 (bf16) or 13 (fp16) random low bits before truncating: "
+        "unbiased",
         "  (tests/test_numerics.py measures the mean error), reproducible under",
         "  `torch.neuron.manual_seed` and not shifting the device's other random numbers (the",
         "  noise has its own stream, see Note [stochastic rounding noise] in ops/numerics.py).",
@@ -146,12 +148,14 @@ def markdown(rows: list[dict], points: int) -> str:
         "  inputs return the fp32 accumulator unrounded (Note [PSUM out_dtype]).",
         "  `neuron_eager.config.bf16_gemm = \"cpu\"` (`NEURON_EAGER_BF16_GEMM=cpu`) trades the",
         "  chunking for speed on large bf16 products without C: torch's CPU bf16 GEMM, still fp32",
-        "  sums rounded once, over the whole K and with subnormal products flushed (Note [bf16 GEMM]).",
+        "  sums rounded once, over the whole K and with subnormal products flushed "
+        "(Note [bf16 GEMM]).",
         "- Sums: fp32 (integers: int64, wrapping to the output), in one order whatever the layout",
         "  and in plain and adaptive eager alike: blocks of 4096 elements, each element of a block",
         "  added to lane i % 64 in order, the 64 lanes folded pairwise (32, 16, ..., 1), the block",
         "  sums added in order (Note [Sum order] in ops/numerics.py); mean divides that sum once.",
-        "  Softmax and log-softmax over the last dim and layer/group norm statistics sum that way too.",
+        "  Softmax and log-softmax over the last dim and layer/group norm statistics sum that "
+        "way too.",
         "  A NaN sum is the quiet +nan (two NaNs meeting would otherwise keep whichever the",
         "  kernel's operand order picks).",
         "- Scans (cumsum, cumprod, logcumsumexp): each prefix in fp32, one element after another,",
@@ -162,8 +166,10 @@ def markdown(rows: list[dict], points: int) -> str:
         "- Auto-cast, as the Neuron compiler's `--auto-cast`: `neuron_eager.config.auto_cast` in",
         "  {none, matmult, all} (environment `NEURON_EAGER_AUTO_CAST`, default none) with",
         "  `auto_cast_type` in {bf16, fp16, tf32} (`NEURON_EAGER_AUTO_CAST_TYPE`, default bf16).",
-        "  `matmult` rounds fp32 operands of matmuls and convolutions to that type (to nearest-even)",
-        "  before the fp32-accumulated product; `all` also rounds the fp32 inputs of elementwise ops.",
+        "  `matmult` rounds fp32 operands of matmuls and convolutions to that type "
+        "(to nearest-even)",
+        "  before the fp32-accumulated product; `all` also rounds the fp32 inputs of "
+        "elementwise ops.",
         "  Outputs keep their dtype.",
         "",
         "## Transcendentals",
@@ -175,7 +181,8 @@ def markdown(rows: list[dict], points: int) -> str:
         "logsigmoid and BCE-with-logits from exp and log1p); rsqrt is",
         "fp32 `1/sqrt(x)`. Errors:",
         "",
-        "- *vs torch*: largest distance, in representable fp32 values, from torch's fp32 CPU result;",
+        "- *vs torch*: largest distance, in representable fp32 values, from torch's fp32 CPU "
+        "result;",
         "- *vs exact*: largest |ours - exact| / fp32 spacing at the exact value (float64",
         "  reference); *torch vs exact*: the same for torch, for scale.",
         f"- Target: at most {TARGET_ULP} ulp.",

@@ -158,7 +158,8 @@ def trace_events(records, trace: dict) -> list[dict]:
     streams = sorted({r.stream for r in records})
     for s in streams:
         name = f"stream {s}" + (" (default)" if s == 0 else "")
-        out += [_meta("thread_name", {"name": name}, s), _meta("thread_sort_index", {"sort_index": s}, s)]
+        out += [_meta("thread_name", {"name": name}, s),
+                _meta("thread_sort_index", {"sort_index": s}, s)]
     for engine in sorted({r.engine for r in records}, key=ENGINES.index):
         tid = ENGINE_TIDS[engine]
         out += [_meta("thread_name", {"name": ENGINE_NAMES[engine]}, tid),

@@ -115,8 +115,9 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
 # E.signature keeps: the dtypes, which tensors are 0-dim, the scalars' types. So each
 # passing signature is remembered per op, and an optimizer's add_, addcmul_ and addcdiv_
 # skip them (finding the result type took most of their ~15 us of checks). Out of place
-# there is no cast to check, and the type tests alone cost less than a signature. A float alpha's range check depends on
-# its value: passing (value, dtype) pairs are remembered too, as a schedule repeats them.
+# there is no cast to check, and the type tests alone cost less than a signature. A float
+# alpha's range check depends on its value: passing (value, dtype) pairs are remembered too,
+# as a schedule repeats them.
 _alphas_passed: set = set()
 
 

@@ -12,7 +12,8 @@ from functools import partial, wraps
 import numpy as np
 import torch
 from torch._prims_common import compute_elementwise_output_strides
-from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch._prims_common import \
+    is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E

@@ -275,7 +275,8 @@ for _name, _fn in [
     ("eye", eye), ("eye.m", eye), ("full", full), ("zeros", zeros), ("ones", ones),
     ("scalar_tensor", scalar_tensor), ("_efficientzerotensor", efficient_zero_tensor),
     ("tril_indices", _tri_indices(aten.tril_indices.default, True)),
-    ("triu_indices", _tri_indices(aten.triu_indices.default, False)), ("_local_scalar_dense", _local_scalar_dense),
+    ("triu_indices", _tri_indices(aten.triu_indices.default, False)),
+    ("_local_scalar_dense", _local_scalar_dense),
     ("_copy_from", _copy_from), ("copy_", _copy_),
 ]:
     _lib.impl(_name, _on_device_zero(_fn), "PrivateUse1")

@@ -251,7 +251,7 @@ def linalg_slogdet(a):
     return finish(sign, a.dtype), finish(logabs, a.dtype), finish(lu, a.dtype), piv
 
 
-# -- least squares -----------------------------------------------------------------------------------
+# -- least squares ---------------------------------------------------------------------------------
 _DRIVERS = {"gels": 0, "gelsy": 1, "gelsd": 2, "gelss": 3}
 
 
@@ -397,7 +397,7 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
     return torch.matmul(u * s_inv.unsqueeze(-2), u.mH)
 
 
-# -- matrix exponential ---------------------------------------------------------------------------------
+# -- matrix exponential ----------------------------------------------------------------------------
 _THETA_18 = np.float32(3.010066362817634)
 _THETAS = np.array([1.192092800768788e-07, 5.978858893805233e-04, 5.116619363445086e-02,
                     5.800524627688768e-01, 1.461661507209034e+00, 3.010066362817634e+00],
@@ -469,7 +469,7 @@ def linalg_matrix_exp(a):
     return finish(out, a.dtype)
 
 
-# -- pairwise distances ---------------------------------------------------------------------------------
+# -- pairwise distances ----------------------------------------------------------------------------
 # p codes: 0 (count of differences), 1, 2, inf (3), and any other p (4)
 def _p_code(p: float) -> int:
     return {0.0: 0, 1.0: 1, 2.0: 2, math.inf: 3}.get(float(p), 4)

@@ -99,7 +99,8 @@ class Generator:
 
     def set_state(self, state: torch.Tensor) -> None:
         if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != 16:
-            raise RuntimeError("expected a 16-byte torch.uint8 state from torch.neuron.get_rng_state()")
+            raise RuntimeError("expected a 16-byte torch.uint8 state from "
+                               "torch.neuron.get_rng_state()")
         seed, offset = state.cpu().numpy().view(np.uint64)
         self._seed, self._offset = int(seed), int(offset)
 

@@ -1,9 +1,9 @@
 """Ops along one dim that keep it: cumsum and cumprod (Vector engine), sort and topk.
 
 They reuse the row view of reduction.py (Note [Rows]): the dim is the row, read in place
-from storage; results go to new tensors (a sort in its input's layout). Scans accumulate in fp32 (int64 for
-integers) and round each prefix once. Sorting is a stable merge sort with NaN ordered
-above +inf, as on CPU; sorted values are copied bit for bit.
+from storage; results go to new tensors (a sort in its input's layout). Scans accumulate in
+fp32 (int64 for integers) and round each prefix once. Sorting is a stable merge sort with NaN
+ordered above +inf, as on CPU; sorted values are copied bit for bit.
 """
 from __future__ import annotations
 

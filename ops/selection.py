@@ -584,7 +584,7 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
                        return_counts, True)
 
 
-# -- searchsorted, bucketize ------------------------------------------------------------------------
+# -- searchsorted, bucketize -----------------------------------------------------------------------
 
 
 def _sorter(sorter, nb: int, size: int) -> np.ndarray:

@@ -6,8 +6,9 @@ evicts the operands. Non-temporal stores write whole lines straight to memory, a
 does above about 3/4 of the last-level cache (glibc's threshold, used here for the bytes the
 loop touches). LLVM's loop vectorizer will not emit them (it cannot prove the stores
 aligned), so the loop is written in LLVM IR: 8-float vectors, aligned non-temporal stores,
-a scalar head up to the first 32-byte boundary and a scalar tail. The operations are single IEEE fp32 adds, subtracts,
-multiplies and divides, so the bits are those of the generated kernels (tests compare).
+a scalar head up to the first 32-byte boundary and a scalar tail. The operations are single
+IEEE fp32 adds, subtracts, multiplies and divides, so the bits are those of the generated
+kernels (tests compare).
 """
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ def test_data_assignment_replaces_shape_and_memory():
     p.data = torch.arange(4.0, device=N)
     assert p.shape == (4,) and p.requires_grad
     assert torch.equal(p.detach().cpu(), torch.arange(4.0))
-    with pytest.raises(RuntimeError, match="cannot set .data of a neuron tensor to a tensor on cpu"):
+    with pytest.raises(RuntimeError,
+                       match="cannot set .data of a neuron tensor to a tensor on cpu"):
         p.data = torch.zeros(4)
     assert torch.equal(p.detach().cpu(), torch.arange(4.0))  # unchanged by the refused set

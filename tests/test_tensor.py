@@ -27,8 +27,8 @@ def test_roundtrip_and_conversions(dtype):
 
 def test_16_bit_conversions_are_bit_exact_including_specials():
     specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-42,
-                             65504.0, 65520.0, 70000.0, 3.0e-8, 6.0e-5, 1.0 + 2**-8, 1.0 + 3 * 2**-9,
-                             3.4e38, -1.17e-38])
+                             65504.0, 65520.0, 70000.0, 3.0e-8, 6.0e-5, 1.0 + 2**-8,
+                             1.0 + 3 * 2**-9, 3.4e38, -1.17e-38])
     values = torch.cat([specials, torch.randn(5000) * torch.logspace(-30, 30, 5000)])
     for dtype in (torch.bfloat16, torch.float16):
         got = values.to("neuron").to(dtype).cpu()
@@ -90,7 +90,8 @@ def test_repr_matches_pytorch_format():
             want = f"{head}, device='neuron:0', {tail})" if tail else want
         assert repr(t.to("neuron")) == want
     p = torch.nn.Parameter(torch.ones(2).to("neuron"))
-    assert repr(p) == "Parameter containing:\ntensor([1., 1.], device='neuron:0', requires_grad=True)"
+    assert repr(p) == ("Parameter containing:\n"
+                       "tensor([1., 1.], device='neuron:0', requires_grad=True)")
     y = p * 2
     assert repr(y).endswith("grad_fn=<MulBackward0>)")
     assert f"{torch.tensor(1.23456).to('neuron'):.2f}" == "1.23"
@@ -573,7 +574,8 @@ def test_clone_and_empty_like_lay_out_memory_like_aten():
     y = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
     cases = [(x, lambda t: t.expand(3, 4)), (x, lambda t: t.t()), (x, lambda t: t[:, ::2]),
              (x, lambda t: t.reshape(-1).unfold(0, 3, 1)), (y, lambda t: t[:, :, ::2]),
-             (y, lambda t: t[:, 1:]), (y, lambda t: t.permute(2, 0, 3, 1)[:, :1].expand(4, 5, 5, 3))]
+             (y, lambda t: t[:, 1:]),
+             (y, lambda t: t.permute(2, 0, 3, 1)[:, :1].expand(4, 5, 5, 3))]
     for base, make in cases:
         cpu, dev = make(base), make(base.to("neuron"))
         for fn in (lambda t: t.clone(), torch.empty_like):

@@ -59,7 +59,8 @@ ACTIVATIONS = [
     lambda t: F.leaky_relu(t, 0.2), F.elu, lambda t: F.elu(t, alpha=0.5), F.selu, F.celu,
     lambda t: F.celu(t, alpha=2.0), F.hardtanh, lambda t: F.hardtanh(t, -2.0, 0.5),
     F.hardsigmoid, F.hardswish, F.logsigmoid, lambda t: F.threshold(t, 0.5, -1.0),
-    F.hardshrink, F.softshrink, lambda t: F.glu(t, 0), F.glu, torch.nn.SiLU(), torch.nn.GELU(), torch.nn.Tanh(),
+    F.hardshrink, F.softshrink, lambda t: F.glu(t, 0), F.glu, torch.nn.SiLU(), torch.nn.GELU(),
+    torch.nn.Tanh(),
     torch.nn.Sigmoid(),
 ]
 

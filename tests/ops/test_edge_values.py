@@ -62,7 +62,8 @@ def test_signed_zeros_of_relu_sin_tanh_and_fmax():
     for fn in (torch.sin, torch.cos, torch.tanh, F.tanhshrink,
                lambda t: F.gelu(t, approximate="tanh")):
         _same_bits(fn(x), fn(x.to(NEURON)).cpu())
-    a, b = torch.tensor([0.0, -0.0, 1.0, float("nan")]), torch.tensor([-0.0, 0.0, float("nan"), 2.0])
+    a = torch.tensor([0.0, -0.0, 1.0, float("nan")])
+    b = torch.tensor([-0.0, 0.0, float("nan"), 2.0])
     for fn in (torch.fmax, torch.fmin, torch.maximum, torch.minimum):
         _same_bits(fn(a, b), fn(a.to(NEURON), b.to(NEURON)).cpu())
 
