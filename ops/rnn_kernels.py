@@ -20,6 +20,7 @@ _sigmoid = OPS_BY_NAME["sigmoid"].fn
 _tanh = OPS_BY_NAME["tanh"].fn
 _ONE = np.float32(1)
 NO_BIAS = np.zeros(1, np.float32)  # the bias argument of a layer without biases
+NO_PROJECTION = np.zeros((1, 1), np.float32)  # w_hr and grad_r of an LSTM without one
 
 
 # Note [Vectorised cells]
@@ -165,14 +166,17 @@ def _offsets(sizes):
 
 
 @njit(error_model="numpy", nogil=True)
-def lstm_sequence(hs, cs, ws, hp, cp, hn, cn, xg, h0, c0, w_t, ib, hb, bias, sizes, reverse):
-    """An LSTM layer: xg (N, 4H) input gates, w_t (H, 4H) the recurrent weight transposed ->
-    outputs hs and cell states cs (N, H), activated gates ws (N, 4H), the last states hn, cn
-    (B, H). `reverse`: from the last step down (a bidirectional layer's second half)."""
+def lstm_sequence(hs, hc, cs, ws, hp, cp, hn, cn, xg, h0, c0, w_t, w_r, ib, hb, bias, proj,
+                  sizes, reverse):
+    """An LSTM layer: xg (N, 4H) input gates, w_t (P, 4H) the recurrent weight transposed ->
+    outputs hs (N, P), the cell's outputs hc and states cs (N, H), activated gates ws
+    (N, 4H), the last states hn (B, P) and cn (B, H). `proj`: each output is its cell's
+    projected, hc @ w_r (H, P) (w_hr transposed); else P is H and hc is hs. `reverse`: from
+    the last step down (a bidirectional layer's second half)."""
     off = _offsets(sizes)
     h, c = h0.copy(), c0.copy()
     hg = np.empty((h.shape[0], w_t.shape[1]), np.float32)
-    stage = np.empty_like(hg)
+    stage, stage_r = np.empty_like(hg), np.empty_like(h)
     T = sizes.shape[0]
     for s in range(T):
         t = T - 1 - s if reverse else s
@@ -180,8 +184,10 @@ def lstm_sequence(hs, cs, ws, hp, cp, hn, cn, xg, h0, c0, w_t, ib, hb, bias, siz
         hp[o:o + b] = h[:b]
         cp[o:o + b] = c[:b]
         _product(hg[:b], h[:b], w_t, stage[:b])
-        lstm_forward(hs[o:o + b], cs[o:o + b], ws[o:o + b], xg[o:o + b], hg[:b], ib, hb,
+        lstm_forward(hc[o:o + b], cs[o:o + b], ws[o:o + b], xg[o:o + b], hg[:b], ib, hb,
                      cp[o:o + b], bias)
+        if proj:
+            _product(hs[o:o + b], hc[o:o + b], w_r, stage_r[:b])
         h[:b] = hs[o:o + b]
         c[:b] = cs[o:o + b]
     hn[:] = h
@@ -189,22 +195,27 @@ def lstm_sequence(hs, cs, ws, hp, cp, hn, cn, xg, h0, c0, w_t, ib, hb, bias, siz
 
 
 @njit(error_model="numpy", nogil=True)
-def lstm_sequence_backward(gates, dh0, dc0, grad_out, grad_hn, grad_cn, cs, cp, ws, w_hh,
-                           sizes, reverse):
+def lstm_sequence_backward(gates, grad_r, dh0, dc0, grad_out, grad_hn, grad_cn, cs, cp, ws,
+                           w_hh, w_hr, proj, sizes, reverse):
     """The gradients of lstm_sequence's gates (N, 4H) and of its first states, the steps
-    taken in the reverse order: a step's hidden-state gradient is its output's plus what the
-    next step's recurrent product passes back (gates @ w_hh)."""
+    taken in the reverse order: a step's output gradient is its own plus what the next
+    step's recurrent product passes back (gates @ w_hh). With `proj` that sum is stored in
+    grad_r (N, P), for w_hr's gradient, and reaches the cell through w_hr (P, H)."""
     off = _offsets(sizes)
     dh, dc = grad_hn.copy(), grad_cn.copy()
-    B, H = dh.shape
+    B, H = dc.shape
     gh = np.empty((B, H), np.float32)
     gcx = np.empty((B, H), np.float32)
-    stage = np.empty((B, H), np.float32)
+    stage, stage_h = np.empty_like(dh), np.empty_like(gh)
     T = sizes.shape[0]
     for s in range(T):
         t = s if reverse else T - 1 - s
         b, o = sizes[t], off[t]
-        gh[:b] = grad_out[o:o + b] + dh[:b]
+        if proj:
+            grad_r[o:o + b] = grad_out[o:o + b] + dh[:b]
+            _product(gh[:b], grad_r[o:o + b], w_hr, stage_h[:b])
+        else:
+            gh[:b] = grad_out[o:o + b] + dh[:b]
         lstm_backward(gates[o:o + b], gcx[:b], gh[:b], dc[:b], cp[o:o + b], cs[o:o + b],
                       ws[o:o + b], True, True)
         dc[:b] = gcx[:b]

@@ -14,11 +14,14 @@ as rows (a padded sequence is a packed one whose batch never shrinks):
 - backward: one loop over the steps in reverse for the gate gradients and the state
   gradients they pass back, then device matmuls for the input, weight and bias gradients
   over all steps at once.
+An LSTM's projection (proj_size P: w_hr (P, H)) is one more product in the loop, each
+step's cell output times w_hr transposed: its output and recurrent state, P wide. Backward
+takes the output gradients through w_hr in the loop and w_hr's gradient is one product.
 Values are the per-step path's up to the order of fp32 sums (a weight gradient is one
 product over all steps, not a sum of per-step products). The per-step path stays for what
 this does not cover: 16-bit layers and autocast (they round after every op, as the CPU
-does) and projections (proj_size). The backward is not differentiable: a second derivative
-through an RNN layer raises (Note [No second derivative]).
+does). The backward is not differentiable: a second derivative through an RNN layer raises
+(Note [No second derivative]).
 
 Note [Dropout between layers]
 While training with dropout, each layer's output but the last goes through aten.dropout,
@@ -46,37 +49,48 @@ def _mm(a, b):
     return aten.mm.default(a, b)
 
 
-def _launch(kind: str, rows: int, hidden: int, nbytes: int) -> None:
-    """The step loop as one Tensor-engine launch: its recurrent products, cells included."""
-    gates = _GATES[kind] * hidden
-    core.launch("tensor", rows * hidden * gates, nbytes, matmul=(1, rows, hidden, gates),
-                dtype="fp32")
+def _launch(kind: str, rows: int, hidden: int, width: int, nbytes: int) -> None:
+    """The step loop as one Tensor-engine launch: its recurrent products (states `width`
+    wide), an LSTM's projections (width < hidden), cells included."""
+    shapes = [(1, rows, width, _GATES[kind] * hidden)]
+    if width != hidden:
+        shapes.append((1, rows, hidden, width))
+    core.launch("tensor", sum(m * k * n for _, m, k, n in shapes), nbytes,  # (one shape:
+                matmul=shapes if len(shapes) > 1 else shapes[0], dtype="fp32")  # price cached)
 
 
 class _Layer(torch.autograd.Function):
     """One layer in one direction over steps laid out as rows (rnn_kernels' layout): x (N, I)
-    and the batch sizes per step -> (outputs (N, H), h_n[, c_n])."""
+    and the batch sizes per step -> (outputs (N, P), h_n[, c_n]); P is H but with an LSTM's
+    projection w_hr (P, H)."""
 
     @staticmethod
-    def forward(ctx, kind, reverse, sizes, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
-        rows, (batch, hidden) = x.shape[0], h0.shape
+    def forward(ctx, kind, reverse, sizes, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+        rows, (batch, width) = x.shape[0], h0.shape
+        hidden = w_hh.shape[0] // _GATES[kind]
         xg = _mm(x, aten.t.default(w_ih))  # every step's input gates, one launch
         w_t = aten.t.default(w_hh).contiguous()
         bias = b_ih is not None
         ib, hb = (b_ih.contiguous()._nd, b_hh.contiguous()._nd) if bias else \
             (rnn_kernels.NO_BIAS, rnn_kernels.NO_BIAS)
-        hs, hp = T.empty((rows, hidden), torch.float32), T.empty((rows, hidden), torch.float32)
-        hn = T.empty((batch, hidden), torch.float32)
+        hs, hp = T.empty((rows, width), torch.float32), T.empty((rows, width), torch.float32)
+        hn = T.empty((batch, width), torch.float32)
         ws = T.empty((rows, _WORKSPACE[kind] * hidden), torch.float32)
         h0_ = h0.contiguous()
+        hc = None
         previous = blas_threads.limit(1)  # (Note [One BLAS thread])
         try:
             if kind == "lstm":
-                cs, cp = T.empty(hs.shape, torch.float32), T.empty(hs.shape, torch.float32)
-                cn = T.empty(hn.shape, torch.float32)
-                rnn_kernels.lstm_sequence(hs._nd, cs._nd, ws._nd, hp._nd, cp._nd, hn._nd,
-                                          cn._nd, xg._nd, h0_._nd, c0.contiguous()._nd,
-                                          w_t._nd, ib, hb, bias, sizes, reverse)
+                cs, cp = (T.empty((rows, hidden), torch.float32) for _ in range(2))
+                cn = T.empty((batch, hidden), torch.float32)
+                proj = w_hr is not None
+                hc = T.empty(cs.shape, torch.float32) if proj else hs  # (the cells' outputs)
+                w_r = aten.t.default(w_hr).contiguous()._nd if proj else \
+                    rnn_kernels.NO_PROJECTION
+                rnn_kernels.lstm_sequence(hs._nd, hc._nd, cs._nd, ws._nd, hp._nd, cp._nd,
+                                          hn._nd, cn._nd, xg._nd, h0_._nd,
+                                          c0.contiguous()._nd, w_t._nd, w_r, ib, hb, bias,
+                                          proj, sizes, reverse)
             else:  # (an Elman layer's states are its activations: an empty workspace)
                 cs = cp = cn = None
                 rnn_kernels.single_state_sequence(hs._nd, ws._nd, hp._nd, hn._nd, xg._nd,
@@ -84,12 +98,17 @@ class _Layer(torch.autograd.Function):
                                                   _CELLS[kind], sizes, reverse)
         finally:
             blas_threads.restore(previous)
-        _launch(kind, rows, hidden, xg._nd.nbytes + 3 * hs._nd.nbytes + ws._nd.nbytes)
+        _launch(kind, rows, hidden, width,
+                xg._nd.nbytes + 3 * hs._nd.nbytes + ws._nd.nbytes)
         ctx.kind, ctx.reverse, ctx.bias, ctx.sizes = kind, reverse, bias, sizes
+        # (hc only when it is not the output: ctx holding its own output would be a cycle
+        # that keeps the layer's memory until the garbage collector runs)
         ctx.ws, ctx.cs, ctx.cp, ctx.hp = ws, cs, cp, hp
+        ctx.hc = hc if w_hr is not None else None
         # (the output is saved, as the CPU's oneDNN layer saves it: updating it in place
-        # makes backward raise there and here)
-        ctx.save_for_backward(x, w_ih, w_hh, hs)
+        # makes backward raise there and here; not a projected LSTM's: the CPU runs those
+        # on its native layer, which does not save it)
+        ctx.save_for_backward(x, w_ih, w_hh, w_hr, hs if w_hr is None else None)
         return (hs, hn, cn) if kind == "lstm" else (hs, hn)
 
     @staticmethod
@@ -97,24 +116,32 @@ class _Layer(torch.autograd.Function):
         with torch.no_grad(), torch.autocast("neuron", enabled=False):  # (inside autocast)
             grads = _Layer._backward(ctx, grad_out, grad_hn, grad_cn)
         if torch.is_grad_enabled():  # create_graph: Note [No second derivative]
-            return _not_differentiable(grads, ctx.saved_tensors[:3])
+            return _not_differentiable(grads, [t for t in ctx.saved_tensors[:4]
+                                               if t is not None])
         return grads
 
     @staticmethod
     def _backward(ctx, grad_out, grad_hn, grad_cn):
-        x, w_ih, w_hh, hs = ctx.saved_tensors
-        (rows, hidden), batch = hs.shape, grad_hn.shape[0]
+        x, w_ih, w_hh, w_hr, hs = ctx.saved_tensors
+        (rows, width), batch = ctx.hp.shape, grad_hn.shape[0]
+        hidden = w_hh.shape[0] // _GATES[ctx.kind]
         grad_out, grad_hn = grad_out.contiguous(), grad_hn.contiguous()
-        dh0 = T.empty((batch, hidden), torch.float32)
+        dh0 = T.empty((batch, width), torch.float32)
+        grad_r = None  # (the gradients of a projected LSTM's outputs, recurrence included)
         gates = T.empty((rows, _GATES[ctx.kind] * hidden), torch.float32)  # wrt input gates
         w_hh_, sizes, reverse = w_hh.contiguous(), ctx.sizes, ctx.reverse
         previous = blas_threads.limit(1)
         try:
             if ctx.kind == "lstm":
                 dc0 = T.empty((batch, hidden), torch.float32)
+                proj = w_hr is not None
+                if proj:
+                    grad_r = T.empty((rows, width), torch.float32)
+                no = rnn_kernels.NO_PROJECTION
                 rnn_kernels.lstm_sequence_backward(
-                    gates._nd, dh0._nd, dc0._nd, grad_out._nd, grad_hn._nd,
-                    grad_cn.contiguous()._nd, ctx.cs._nd, ctx.cp._nd, ctx.ws._nd, w_hh_._nd,
+                    gates._nd, grad_r._nd if proj else no, dh0._nd, dc0._nd, grad_out._nd,
+                    grad_hn._nd, grad_cn.contiguous()._nd, ctx.cs._nd, ctx.cp._nd,
+                    ctx.ws._nd, w_hh_._nd, w_hr.contiguous()._nd if proj else no, proj,
                     sizes, reverse)
                 hidden_gates = gates
             elif ctx.kind == "gru":
@@ -130,14 +157,15 @@ class _Layer(torch.autograd.Function):
                                                   ctx.kind == "rnn_relu", sizes, reverse)
         finally:
             blas_threads.restore(previous)
-        _launch(ctx.kind, rows, hidden, 2 * gates._nd.nbytes + ctx.ws._nd.nbytes)
+        _launch(ctx.kind, rows, hidden, width, 2 * gates._nd.nbytes + ctx.ws._nd.nbytes)
         grad_x = _mm(gates, w_ih)
         grad_w_ih = _mm(aten.t.default(gates), x)
         grad_w_hh = _mm(aten.t.default(hidden_gates), ctx.hp)  # (each row's previous state)
         grad_b_ih = aten.sum.dim_IntList(gates, [0]) if ctx.bias else None
         grad_b_hh = aten.sum.dim_IntList(hidden_gates, [0]) if ctx.bias else None
+        grad_w_hr = None if grad_r is None else _mm(aten.t.default(grad_r), ctx.hc)
         return (None, None, None, grad_x, dh0, dc0, grad_w_ih, grad_w_hh, grad_b_ih,
-                grad_b_hh)
+                grad_b_hh, grad_w_hr)
 
 
 _SECOND_DERIVATIVE = (
@@ -185,10 +213,22 @@ def _covered(input, hx, params, has_biases, num_layers, dropout, train,
         return False
     if input.numel() == 0 or torch.is_autocast_enabled("neuron"):  # (autocast: 16-bit cells)
         return False
-    per_layer = 4 if has_biases else 2  # (projections add a weight per layer and direction)
+    per_layer, projected = _per_layer(hx, params, has_biases, num_layers, bidirectional)
     if len(params) != num_layers * (2 if bidirectional else 1) * per_layer:
         return False
-    return all(h.shape[-1] == hx[0].shape[-1] for h in hx)  # (h has proj_size's width)
+    if projected:  # h is w_hr's width (proj_size), c the cell's
+        w_hr = params[per_layer - 1]
+        return hx[0].shape[-1] == w_hr.shape[0] and hx[1].shape[-1] == w_hr.shape[1]
+    return all(h.shape[-1] == hx[0].shape[-1] for h in hx)
+
+
+def _per_layer(hx, params, has_biases, num_layers, bidirectional) -> tuple[int, bool]:
+    """The params of each layer and direction, w_ih, w_hh[, b_ih, b_hh][, w_hr], and whether
+    w_hr (an LSTM's projection) is there, as their count says."""
+    plain = 4 if has_biases else 2
+    layers = num_layers * (2 if bidirectional else 1)
+    projected = len(hx) == 2 and len(params) == layers * (plain + 1)
+    return plain + projected, projected
 
 
 def _check_length(input, batch_first) -> None:
@@ -201,7 +241,7 @@ def _layers(kind, x, sizes, hx, params, has_biases, num_layers, dropout, train,
     """The layers in turn over rows x (N, I) with `sizes` rows a step, each direction one
     _Layer, dropout between layers while training: (outputs (N, directions * H), h_n
     stacked[, c_n stacked]). (Note [Dropout between layers])"""
-    per_layer = 4 if has_biases else 2
+    per_layer, projected = _per_layer(hx, params, has_biases, num_layers, bidirectional)
     directions = 2 if bidirectional else 1
     last_h, last_c = [], []
     for layer in range(num_layers):
@@ -211,7 +251,9 @@ def _layers(kind, x, sizes, hx, params, has_biases, num_layers, dropout, train,
             w = params[k * per_layer:(k + 1) * per_layer]
             b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
             c0 = hx[1][k] if kind == "lstm" else None
-            result = _Layer.apply(kind, d == 1, sizes, x, hx[0][k], c0, w[0], w[1], b_ih, b_hh)
+            w_hr = w[-1] if projected else None
+            result = _Layer.apply(kind, d == 1, sizes, x, hx[0][k], c0, w[0], w[1], b_ih, b_hh,
+                                  w_hr)
             outputs.append(result[0])
             last_h.append(result[1])
             if kind == "lstm":

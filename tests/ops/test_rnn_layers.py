@@ -36,21 +36,32 @@ def _close(ours, cpu):
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn", "rnn_relu"])
+def _variant(kind, kw=None):
+    """A test's kind as _pair's kind and keywords: "rnn_relu" and "lstm_proj" (proj_size 4)."""
+    extra = {"rnn_relu": ("rnn", dict(nonlinearity="relu")),
+             "lstm_proj": ("lstm", dict(proj_size=4))}.get(kind, (kind, {}))
+    return extra[0], dict(kw or {}, **extra[1])
+
+
+def _states(kind, kw, layers, batch, generator=None):
+    """Random initial states: h (proj_size wide with a projection), and an LSTM's c."""
+    widths = [kw.get("proj_size") or 12, 12] if kind == "lstm" else [12]
+    return [torch.randn(layers, batch, w, generator=generator) for w in widths]
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn", "rnn_relu", "lstm_proj"])
 @pytest.mark.parametrize("kw", [dict(num_layers=2), dict(bidirectional=True, batch_first=True),
                                 dict(bias=False), dict(num_layers=2, bidirectional=True,
                                                        dropout=0.5)])
 def test_layers_match_the_cpu_with_every_gradient(kind, kw):
-    if kind == "rnn_relu":
-        kind, kw = "rnn", dict(kw, nonlinearity="relu")
+    kind, kw = _variant(kind, kw)
     cpu, dev = _pair(kind, **kw)
     dev.eval(), cpu.eval()  # (dropout between layers: off in eval, on the whole-sequence path)
     layers = kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 7, 5, generator=g)  # 7 steps (or a batch of 7 with batch_first)
     batch = 4 if kw.get("batch_first") else 7
-    states = [torch.randn(layers, batch, 12, generator=g) for _ in range(2 if kind == "lstm"
-                                                                         else 1)]
+    states = _states(kind, kw, layers, batch, g)
     launches = core.kernels_launched
     ours = _run(dev, x, states)
     launches = core.kernels_launched - launches
@@ -60,11 +71,12 @@ def test_layers_match_the_cpu_with_every_gradient(kind, kw):
     assert launches < 40 * layers  # not a cell and two matmuls per step and direction
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn", "lstm_proj"])
 def test_the_whole_sequence_is_the_per_step_path_up_to_sum_order(kind, monkeypatch):
-    cpu, dev = _pair(kind, num_layers=2)
+    kind, kw = _variant(kind, dict(num_layers=2))
+    cpu, dev = _pair(kind, **kw)
     x = torch.randn(9, 3, 5)
-    states = [torch.randn(2, 3, 12) for _ in range(2 if kind == "lstm" else 1)]
+    states = _states(kind, kw, 2, 3)
     whole = _run(dev, x, states)
     dev.zero_grad()
     monkeypatch.setattr(rnn_layers, "WHOLE_SEQUENCE", False)
@@ -77,8 +89,10 @@ def test_the_whole_sequence_is_the_per_step_path_up_to_sum_order(kind, monkeypat
 def test_what_it_does_not_cover_runs_step_by_step_and_matches_the_cpu():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(6, 2, 5, generator=g)
-    cpu, dev = _pair("lstm", proj_size=4)  # a projection: h is narrower than c
-    _close(*[_run(m, x, [torch.zeros(1, 2, 4), torch.zeros(1, 2, 12)])[0] for m in (dev, cpu)])
+    cpu, dev = (m.bfloat16() for m in _pair("lstm", proj_size=4))  # 16-bit: rounds per op
+    states = [torch.randn(1, 2, 4, generator=g), torch.randn(1, 2, 12, generator=g)]
+    ours, want = (_run(m, x.bfloat16(), [s.bfloat16() for s in states]) for m in (dev, cpu))
+    _close(ours[0] + ours[1], want[0] + want[1])
     cpu, dev = _pair("gru", num_layers=2, dropout=0.5)  # dropout while training
     torch.manual_seed(5)
     out, _ = dev(x.to(NEURON))
@@ -94,6 +108,13 @@ def test_updating_the_output_in_place_breaks_backward_as_on_the_cpu():
         out.add_(1.0)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             out.sum().backward()
+    grads, x = [], torch.randn(5, 2, 5)
+    for layer in _pair("lstm", proj_size=4):  # the CPU's native layer, which runs
+        out, _ = layer(x.to(next(layer.parameters()).device))  # projections, does not
+        out.add_(1.0)
+        out.sum().backward()
+        grads.append([p.grad.cpu() for p in layer.parameters()])
+    _close(grads[1], grads[0])
 
 
 def test_inference_and_adaptive_eager():
@@ -126,15 +147,16 @@ def test_unbatched_and_empty_inputs_as_on_the_cpu():
         dev(torch.randn(0, 2, 5, device=NEURON))
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn", "lstm_proj"])
 def test_packed_sequences_run_whole_with_every_gradient(kind):
     from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-    cpu, dev = _pair(kind, num_layers=2, bidirectional=True, batch_first=True)
+    kind, kw = _variant(kind, dict(num_layers=2, bidirectional=True, batch_first=True))
+    cpu, dev = _pair(kind, **kw)
     g = torch.Generator().manual_seed(6)
     x = torch.randn(4, 7, 5, generator=g)
     lengths = torch.tensor([3, 7, 1, 5])  # unsorted: packing sorts, the states come back
-    states = [torch.randn(4, 4, 12, generator=g) for _ in range(2 if kind == "lstm" else 1)]
+    states = _states(kind, kw, 4, 4, g)
     results = []
     for layer in (cpu, dev):
         device = next(layer.parameters()).device
@@ -217,3 +239,31 @@ def test_dropout_between_layers_is_applied_while_training(kind, case):
     by_hand = out(_two_layers_by_hand(layer, x, 0.5)).cpu()
     assert not torch.equal(trained, without)
     assert torch.equal(trained, by_hand)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "lstm_proj", "gru"])
+def test_training_steps_free_their_memory_without_the_garbage_collector(kind):
+    """The layer's node holds its buffers, never its own output (that would be a cycle
+    that only the garbage collector breaks)."""
+    import gc
+
+    kind, kw = _variant(kind)
+    _, layer = _pair(kind, num_layers=2, **kw)
+    x = torch.randn(6, 3, 5).to(NEURON)
+
+    def step():
+        out, _ = layer(x)
+        out.sum().backward()
+        layer.zero_grad(set_to_none=True)
+
+    gc.collect()
+    gc.disable()
+    try:
+        step()
+        step()
+        before = torch.neuron.memory_allocated()
+        for _ in range(3):
+            step()
+        assert torch.neuron.memory_allocated() == before
+    finally:
+        gc.enable()
