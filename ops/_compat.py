@@ -109,10 +109,16 @@ def install_backward_errors(errors) -> None:
             kept = errors.claim(e) or errors.claim_hook_error(since)
             if kept is None:
                 raise
-            raise kept.with_traceback(kept.__traceback__) from None
+            try:  # (this frame must not keep the error: its traceback holds the frame, a
+                raise kept.with_traceback(kept.__traceback__) from None  # cycle keeping
+            finally:  # the failed step's tensors, and HBM, until the garbage collector ran)
+                kept = None
         kept = errors.claim_hook_error(since)
         if kept is not None:
-            raise kept.with_traceback(kept.__traceback__)
+            try:
+                raise kept.with_traceback(kept.__traceback__)
+            finally:
+                kept = None
         return result
 
     _engine_run_backward._neuron_wrapped = True

@@ -158,3 +158,44 @@ def test_a_backward_makes_the_exit_wait_for_autograds_thread():
     w = torch.ones(3, device="neuron", requires_grad=True)
     (w * 2).sum().backward()
     assert backward_errors._exit_wait
+
+
+@pytest.mark.parametrize("where", ["op", "hook"])
+def test_a_failed_backward_frees_its_graph_without_the_garbage_collector(where, monkeypatch):
+    """The usual "catch the out-of-memory error, free, retry": the re-raised error must not
+    stay in a reference cycle with the frame that raised it (the cycle held the failed
+    step's activations, and their HBM, until the garbage collector ran)."""
+    import gc
+
+    x = torch.randn(64, 64, device=NEURON, requires_grad=True)
+
+    def step():
+        h = x
+        for _ in range(4):
+            h = (h * 1.01).tanh()
+        if where == "hook":
+            h.register_hook(lambda g: (_ for _ in ()).throw(RuntimeError("boom")))
+        h.sum().backward()
+
+    if where == "op":  # (a new error each time: one kept by the test would hold its frames)
+        real = tensor_module._dispatcher
+
+        def dispatcher(func, args, kwargs):
+            if func is torch.ops.aten.tanh_backward.default:
+                raise RuntimeError("boom")
+            return real(func, args, kwargs)
+        monkeypatch.setattr(tensor_module, "_dispatcher", dispatcher)
+    gc.collect()
+    gc.disable()
+    try:
+        before = torch.neuron.memory_allocated()
+        try:
+            step()
+        except RuntimeError as e:
+            assert "boom" in str(e)
+        else:
+            pytest.fail("backward did not raise")
+        x.grad = None
+        assert torch.neuron.memory_allocated() == before
+    finally:
+        gc.enable()
