@@ -67,13 +67,23 @@ def adaptive_eager(enabled: bool = True):
         if not _blocks:
             _mode_before_blocks[0] = is_enabled()
         _blocks.append(block)
-        _set(enabled)
+        try:
+            _set(enabled)  # (leaving adaptive eager runs what is pending, which may fail)
+        except BaseException:
+            _blocks.remove(block)  # not entered: the mode stays as it was
+            _set(_current())
+            raise
     try:
         yield
     finally:
         with _blocks_lock:
             _blocks.remove(block)
-            _set(_blocks[-1][1] if _blocks else _mode_before_blocks[0])
+            _set(_current())  # (switched even when what was pending fails)
+
+
+def _current() -> bool:
+    """The mode of the open block opened last, or the one from before the blocks."""
+    return _blocks[-1][1] if _blocks else _mode_before_blocks[0]
 
 
 def stats() -> dict:

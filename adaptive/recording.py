@@ -792,9 +792,11 @@ def install() -> None:
 
 def uninstall() -> None:
     global _installed, active
-    flush("adaptive eager off")
-    active = False
-    if T._dispatcher is dispatch:  # plain eager pays nothing for adaptive eager being off
-        T.set_dispatcher(_inner)
-        _installed = False
-        router.drop_idle_profiler()  # (a profiler that stopped while this was on top)
+    try:
+        flush("adaptive eager off")
+    finally:  # off even when what was pending fails (its error is raised after)
+        active = False
+        if T._dispatcher is dispatch:  # plain eager pays nothing for adaptive eager being off
+            T.set_dispatcher(_inner)
+            _installed = False
+            router.drop_idle_profiler()  # (a profiler that stopped while this was on top)

@@ -84,3 +84,34 @@ def test_a_warning_raised_as_an_error_keeps_its_type(adaptive, monkeypatch):
             for _ in range(3):
                 c = (x + 1) * 2
             c.tolist()
+
+
+@pytest.mark.parametrize("leaving", [True, False])
+def test_a_block_whose_pending_ops_fail_still_restores_the_mode(leaving, monkeypatch):
+    """Entering a plain-eager block or leaving an adaptive one runs what is pending; when
+    that raises (a warning as an error here), the mode is still the one the blocks ask for."""
+    from neuron_eager import adaptive
+    from neuron_eager.ops import numerics
+
+    monkeypatch.setattr(numerics, "_wrap_warned", set())
+    x = torch.full((4,), 2 ** 30, device="neuron", dtype=torch.int64)
+    assert not adaptive.is_enabled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if leaving:
+            with pytest.raises(UserWarning, match="left the int32 range"):
+                with neuron_eager.adaptive_eager():
+                    y = x * 4  # noqa: F841  (pending: runs, and warns, at the block's end)
+            assert not adaptive.is_enabled()
+        else:
+            with neuron_eager.adaptive_eager():
+                y = x * 4  # noqa: F841
+                with pytest.raises(UserWarning, match="left the int32 range"):
+                    with neuron_eager.adaptive_eager(False):
+                        pytest.fail("entered")
+                assert adaptive.is_enabled()  # the outer block's mode
+                with neuron_eager.adaptive_eager(False):
+                    assert not adaptive.is_enabled()
+                assert adaptive.is_enabled()
+            assert not adaptive.is_enabled()
+    assert not adaptive.recording._installed
