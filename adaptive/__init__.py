@@ -123,6 +123,8 @@ def explain(last: int = 5) -> str:
     its ops, the user lines they were recorded at, how it ran (op by op, fused: compiled,
     loaded from the disk cache or a cache hit) and its elements."""
     lines = []
+    if last <= 0:
+        return ""  # (a slice [-0:] would be every region)
     for reason, count, plan, modes, wheres, site in list(fusion.history)[-last:]:
         lines.append(f"region of {_count(count, 'op')}, flushed by "
                      f"{_REASONS.get(reason, reason)} at {_at(*site)}:")

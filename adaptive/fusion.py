@@ -551,7 +551,9 @@ def _fused_label(region, g: Group) -> str:
 
 
 def _line(node) -> str:
-    return "%s:%d" % node.where
+    """file:line, or the stand-in alone for a backward op (no line: "<autograd backward: ...>")."""
+    file, line = node.where
+    return f"{file}:{line}" if line else file
 
 
 def _run_op(region, values, j: int) -> None:
@@ -741,8 +743,8 @@ def _failure(node, e: Exception) -> Exception:
     eager."""
     kind = T.NeuronOutOfMemoryError if isinstance(e, torch.OutOfMemoryError) else \
         type(e) if isinstance(e, Warning) else RuntimeError
-    return kind(f"adaptive eager: running {node.op.name} recorded at "
-                f"{node.where[0]}:{node.where[1]} failed: {e}")
+    return kind(f"adaptive eager: running {_user_name(node)} recorded at {_line(node)} "
+                f"failed: {e}")
 
 
 def _give_storage(nodes, values, indices) -> None:

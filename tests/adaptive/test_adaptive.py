@@ -773,6 +773,24 @@ def test_a_failed_region_frees_its_memory_at_once(monkeypatch):
     assert "failed: RuntimeError" in adaptive.explain(1)  # the failed region is shown
 
 
+def test_a_failed_regions_error_names_the_op_and_line_as_users_know_them(monkeypatch):
+    def failing(region, values, g):
+        raise RuntimeError("simulated kernel failure")
+
+    adaptive.enable()
+    w = torch.ones(8, device=N, requires_grad=True)
+    loss = (w * 3).tanh().sum()
+    loss.item()
+    monkeypatch.setattr(fusion, "_run_ops", failing)
+    with pytest.raises(RuntimeError, match=r"recorded at <autograd backward: \w+> failed"):
+        loss.backward()  # (backward ops have no line: no ":0")
+        w.grad.tolist()
+    x = torch.ones(8, device=N)
+    with pytest.raises(RuntimeError, match=r"running add recorded at \S+test_adaptive.py:\d+ "):
+        (x + 1).tolist()  # (add without alpha runs as add_plain)
+    assert adaptive.explain(0) == "" and adaptive.explain(1).count("region of") == 1
+
+
 def test_an_op_by_op_run_frees_intermediates_as_it_goes():
     # a first sighting runs op by op; it held every intermediate until the region ended, so
     # a long chain that fits in plain eager ran out of HBM
