@@ -416,6 +416,13 @@ def is_pinned(x, device=None):
     return False
 
 
+@register(aten._pin_memory.default)
+def pin_memory(x, device=None):
+    """Pinning is for host memory: a device tensor is refused in CUDA's words (it ran on the
+    CPU as a fallback, a copy that stayed on neuron)."""
+    raise RuntimeError(f"cannot pin '{x.type()}' only dense CPU tensors can be pinned")
+
+
 @register(aten.is_same_size.default)
 def is_same_size(x, other):
     return x.shape == other.shape

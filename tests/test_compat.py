@@ -84,6 +84,10 @@ def test_pinned_memory_and_dataloader_pinning():
     batch = next(iter(torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)))[0]
     assert batch.shape == (4, 2)
     assert batch.to("neuron").device.type == "neuron"
+    on_device = x.to("neuron")  # refused as CUDA refuses its tensors, not a CPU fallback
+    with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+        on_device.pin_memory()
+    assert not on_device.is_pinned()
 
 
 def test_wrapper_rebuild_function_is_allowed_by_weights_only_load():
