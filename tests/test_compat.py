@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import neuron_eager  # noqa: F401
