@@ -18,6 +18,7 @@ import threading
 from math import prod
 
 from neuron_eager.device_sim import config
+from neuron_eager.device_sim.config import read_at_import
 
 from . import codegen, fusion, interrupts, recording
 from .recording import flush, options
@@ -149,3 +150,4 @@ _REASONS = {"aten::_local_scalar_dense": ".item() or bool() (aten::_local_scalar
 
 if config.adaptive:
     enable()
+read_at_import("adaptive")

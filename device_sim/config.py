@@ -1,8 +1,9 @@
 """Every setting of neuron-eager, read from the environment in this one place.
 
 `config` is a mutable object: tests and users may change fields at run time
-(`neuron_eager.config.cpu_fallback = False`). Environment variables give the
-defaults when the package is imported.
+(`neuron_eager.config.cpu_fallback = False`), except those read once at import (chip,
+hbm_bytes, launch_overhead_ns, adaptive: changing them raises, naming the way). Environment
+variables give the defaults when the package is imported.
 """
 from __future__ import annotations
 
@@ -73,6 +74,9 @@ class Config:
         default_factory=lambda: _flag("NEURON_EAGER_STREAMING_STORES", True))
 
     def __setattr__(self, name, value):
+        if name in _read and value != getattr(self, name):
+            raise ValueError(f"neuron_eager.config.{name} was read when neuron_eager was "
+                             f"imported; {_AT_IMPORT[name]}")
         if name in _CHOICES and value not in _CHOICES[name][0]:
             choices, env = _CHOICES[name]
             raise ValueError(f"neuron_eager.config.{name} (environment {env}) must be one of "
@@ -80,6 +84,24 @@ class Config:
         super().__setattr__(name, value)
         if name in _NUMERICS:  # one value for kernel caches to key on
             super().__setattr__("numerics_key", tuple(getattr(self, n, None) for n in _NUMERICS))
+
+
+# Settings read once, at import: changing them later would silently do nothing.
+_AT_IMPORT = {
+    "chip": "set NEURON_EAGER_CHIP before importing it (the simulated core is made then)",
+    "hbm_bytes": "set NEURON_EAGER_HBM_BYTES before importing it (the simulated core is made "
+                 "then)",
+    "launch_overhead_ns": "set NEURON_EAGER_LAUNCH_OVERHEAD_NS before importing it, or give "
+                          "the core a new cost model (device_sim.core.set_cost_model)",
+    "adaptive": "switch adaptive eager with neuron_eager.adaptive.enable() and disable(), or "
+                "`with neuron_eager.adaptive_eager():`",
+}
+_read: set = set()  # the _AT_IMPORT settings read so far
+
+
+def read_at_import(*names: str) -> None:
+    """Mark settings as read: a later change raises, naming the way to change them."""
+    _read.update(names)
 
 
 _CHOICES = {"auto_cast": (("none", "matmult", "all"), "NEURON_EAGER_AUTO_CAST"),

@@ -8,7 +8,7 @@ benchmarks read to prove that the device, not the host, did the work.
 from __future__ import annotations
 
 from .clock import ENGINES, Clock
-from .config import config
+from .config import config, read_at_import
 from .cost import CostModel
 from .hbm import CachingAllocator
 from .spec import CHIPS, ChipSpec
@@ -80,7 +80,9 @@ class NeuronCore:
 def _make_core() -> NeuronCore:
     if config.chip not in CHIPS:
         raise ValueError(f"NEURON_EAGER_CHIP={config.chip!r} is not one of {sorted(CHIPS)}")
-    return NeuronCore(CHIPS[config.chip], config.hbm_bytes)
+    made = NeuronCore(CHIPS[config.chip], config.hbm_bytes)
+    read_at_import("chip", "hbm_bytes", "launch_overhead_ns")
+    return made
 
 
 core = _make_core()

@@ -116,3 +116,18 @@ def test_checkpoint_recomputes_dropout_with_the_forward_mask(reentrant):
     out.sum().backward()
     assert 0 < int((out == 0).sum()) < 64
     assert torch.equal(x.grad.cpu(), out.detach().cpu())
+
+
+def test_settings_read_at_import_refuse_a_change_naming_the_way():
+    config = neuron_eager.config
+    for name, value, way in [("chip", "trn1", "NEURON_EAGER_CHIP"),
+                             ("hbm_bytes", 1 << 20, "NEURON_EAGER_HBM_BYTES"),
+                             ("launch_overhead_ns", 1.0, "set_cost_model"),
+                             ("adaptive", not config.adaptive, "adaptive.enable")]:
+        before = getattr(config, name)
+        with pytest.raises(ValueError, match=way):
+            setattr(config, name, value)
+        assert getattr(config, name) == before
+        setattr(config, name, before)  # (the same value: nothing changes, nothing raised)
+    config.cpu_fallback = False  # read at each use: changes at run time
+    config.cpu_fallback = True
