@@ -102,8 +102,11 @@ def _on_results(prof, result, events):
     if not records:
         return events
     trace_start = result.trace_start_ns()
+    # (with_stack's Python function events are not ops: the launch's own timing call was
+    # the innermost event and took every kernel)
     host = _Innermost([(e.time_range.start, e.time_range.end, e) for e in events
-                       if _compat.is_host_event(e) and e.name not in _NOT_OPS])
+                       if _compat.is_host_event(e) and e.name not in _NOT_OPS
+                       and not getattr(e, "is_python_function", False)])
     shift = _shift_ns(records)
     next_id = max((e.id for e in events), default=0) + 1
     device_events = []

@@ -66,6 +66,21 @@ def test_key_averages_hold_device_time(linear_prof):
     assert "NEURON" in linear_prof.key_averages().table(sort_by="device_time_total")
 
 
+def test_with_stack_still_charges_kernels_to_the_ops_that_launched_them():
+    """with_stack adds Python function events (the launch's own clock read among them):
+    they are not ops, so a kernel's time stays with its aten:: event."""
+    x = torch.randn(16, 16, device="neuron")
+    step = lambda: (x @ x).relu()  # noqa: E731
+    step()
+    tables = []
+    for stack in (False, True):
+        with torch.profiler.profile(with_stack=stack) as prof:
+            step()
+        tables.append({e.key: e.self_device_time_total for e in prof.key_averages()
+                       if e.self_device_time_total > 0})
+    assert tables[1] == tables[0] and tables[0]["aten::relu"] > 0
+
+
 def test_device_events_carry_engine_bytes_and_source(linear_prof):
     (event,) = [e for e in linear_prof.events() if e.name == "neuron::addmm"]
     assert event.neuron_engine == "tensor"
