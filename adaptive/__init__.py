@@ -127,7 +127,9 @@ def explain(last: int = 5) -> str:
     if last <= 0:
         return ""  # (a slice [-0:] would be every region)
     for reason, count, plan, modes, wheres, site in list(fusion.history)[-last:]:
-        lines.append(f"region of {_count(count, 'op')}, flushed by "
+        unused = count - sum(len(g.all_nodes()) for g in plan.groups)
+        skipped = f" ({unused} not run: nothing read their results)" if unused else ""
+        lines.append(f"region of {_count(count, 'op')}{skipped}, flushed by "
                      f"{_REASONS.get(reason, reason)} at {_at(*site)}:")
         for g, mode in zip(plan.groups, modes):
             name = lambda j: plan.names[j].removesuffix("_plain")  # noqa: E731  (add_plain: add)

@@ -791,6 +791,16 @@ def test_a_failed_regions_error_names_the_op_and_line_as_users_know_them(monkeyp
     assert adaptive.explain(0) == "" and adaptive.explain(1).count("region of") == 1
 
 
+def test_explain_counts_the_ops_nothing_read():
+    adaptive.enable()
+    x = torch.ones(8, device=N)
+    for _ in range(3):
+        y = x * 2 + 1  # the first two results are overwritten unread
+    torch.neuron.synchronize()
+    assert y.tolist() == [3.0] * 8
+    assert adaptive.explain(1).startswith("region of 6 ops (4 not run: nothing read their")
+
+
 def test_an_op_by_op_run_frees_intermediates_as_it_goes():
     # a first sighting runs op by op; it held every intermediate until the region ended, so
     # a long chain that fits in plain eager ran out of HBM
