@@ -59,10 +59,11 @@ class Group:
 
 
 class Plan:
-    __slots__ = ("groups", "seen", "names")
+    __slots__ = ("groups", "seen", "names", "let_go")
 
     def __init__(self, groups, names):
         self.groups, self.seen, self.names = groups, 0, names
+        self.let_go = None  # op-by-op runs: node -> region inputs read for the last time
 
 
 def _strides_in(shape: tuple, stride: tuple, group_shape: tuple) -> list[int]:
@@ -516,9 +517,28 @@ def _drops(region, g: Group) -> dict:
     return drops
 
 
-def _run_ops(region, values, g: Group) -> None:
+def _let_go(region, plan: Plan) -> dict:
+    """node -> the region inputs that no node after it reads, which an op-by-op run lets go
+    of after it: a tensor only the region still held (a saved activation that autograd
+    released while its backward ops were recorded) frees its memory then, as in plain eager,
+    not when the region ends. Never a tensor updated in place: its memory stays its own."""
+    targets = {n.target for n in region.nodes if n.target is not None}
+    last: dict = {}
+    for g in plan.groups:
+        for j in g.all_nodes():
+            for kind, ref in region.nodes[j].refs:
+                if kind == "i" and ref not in targets:
+                    last[ref] = j
+    let_go: dict = {}
+    for m, j in last.items():
+        let_go.setdefault(j, []).append(m)
+    return let_go
+
+
+def _run_ops(region, values, g: Group, let_go=None) -> None:
     """The group's ops one by one, through the normal kernels (their warnings point at the
-    lines that recorded them, and so do the profiler's records of their launches)."""
+    lines that recorded them, and so do the profiler's records of their launches). `let_go`:
+    _let_go's inputs to drop as their last readers run."""
     outer, clock = replay_at(None), core.clock
     saved = clock.context
     if g.drops is None:
@@ -536,6 +556,9 @@ def _run_ops(region, values, g: Group) -> None:
                 raise
             for done in g.drops.get(j, ()):
                 del values[done]
+            if let_go is not None:
+                for m in let_go.get(j, ()):
+                    region.inputs[m] = region.memory[m] = None
     finally:
         replay_at(outer)
         clock.context = saved
@@ -700,7 +723,9 @@ def run_region(region, reason: str) -> None:
             if fuse and g.spec is not None:
                 mode = _run_fused(region, values, g)
             else:
-                _run_ops(region, values, g)
+                if plan.let_go is None:
+                    plan.let_go = _let_go(region, plan)
+                _run_ops(region, values, g, plan.let_go)
                 mode = f"op by op (sighting {plan.seen})" if g.spec is not None else "op by op"
         except BaseException as e:  # (an interrupt other than SIGINT's too: Note [Interrupts])
             modes.append(f"failed: {type(e).__name__}")

@@ -753,7 +753,7 @@ def test_a_failed_region_frees_its_memory_at_once(monkeypatch):
     # the region's memory until the garbage collector ran (a retry after OOM failed again)
     import gc
 
-    def failing(region, values, g):
+    def failing(region, values, g, *let_go):
         values[g.nodes[0]] = T.new_contiguous((1 << 16,), torch.float32)
         raise RuntimeError("simulated kernel failure")
 
@@ -774,7 +774,7 @@ def test_a_failed_region_frees_its_memory_at_once(monkeypatch):
 
 
 def test_a_failed_regions_error_names_the_op_and_line_as_users_know_them(monkeypatch):
-    def failing(region, values, g):
+    def failing(region, values, g, *let_go):
         raise RuntimeError("simulated kernel failure")
 
     adaptive.enable()
@@ -819,4 +819,27 @@ def test_an_op_by_op_run_frees_intermediates_as_it_goes():
         chain(x)
         peaks.append(torch.neuron.max_memory_allocated() - base)
     assert adaptive.stats()["unfused_ops"] > 0  # (it ran op by op)
+    assert peaks[1] <= peaks[0]
+
+
+def test_an_op_by_op_backward_lets_saved_activations_go_as_it_goes():
+    # autograd releases each saved activation once its node has run (recorded, here); the
+    # region still held them all until it ended, one tensor past plain eager's peak
+    def loss(x):
+        h = x
+        for _ in range(6):
+            h = (h * 1.01).tanh()
+        return h.sum()  # (only autograd holds the activations now)
+
+    peaks = []
+    for mode in (False, True):
+        (adaptive.enable if mode else adaptive.disable)()
+        x = rand(1 << 16).requires_grad_()
+        torch.neuron.synchronize()
+        torch.neuron.reset_peak_memory_stats()
+        base = torch.neuron.memory_allocated()
+        loss(x).backward()
+        torch.neuron.synchronize()
+        peaks.append(torch.neuron.max_memory_allocated() - base)
+    assert adaptive.stats()["unfused_ops"] > 0  # (a first sighting: op by op)
     assert peaks[1] <= peaks[0]
