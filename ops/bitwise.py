@@ -36,6 +36,8 @@ for _name, _fn in (("and", lambda x, y: x & y), ("or", lambda x, y: x | y),
     define(f"bitwise_{_name}", _fn, [_op.Tensor, _op.Scalar, _dunder.Tensor, _dunder.Scalar],
            [_inplace.Tensor, _inplace.Scalar, _idunder.Tensor, _idunder.Scalar],
            check=_integral_only(f"bitwise_{_name}"))
+    # `torch.bitwise_and(5, t)`: the ops commute, and the scalar promotes the same either way
+    register(_op.Scalar_Tensor)(lambda self, other, _op=_op: _op.Scalar(other, self))
 
 
 _BITWISE_NOT = E.Elementwise("bitwise_not", njit(lambda x: ~x))

@@ -333,6 +333,11 @@ def test_dunder_bitwise_overloads(name, dtype):
     with pytest.raises(NotImplementedError, match="not implemented for 'Float'"):
         getattr(torch.ops.aten, f"__i{name}__").Tensor(torch.ones(2, device="neuron"),
                                                         torch.ones(2, device="neuron"))
+    fn = getattr(torch, f"bitwise_{name}")  # the scalar first: Scalar_Tensor, not a fallback
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, want = fn(one, a.to("neuron")), fn(one, a)
+    assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
