@@ -548,6 +548,13 @@ def fold(x, output_size, kernel_size, dilation, padding, stride):
     return out
 
 
+@register(aten._convolution.default)  # (TorchScript's traced convolutions call it)
+def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding,
+                 groups, benchmark, deterministic, cudnn_enabled, allow_tf32):
+    return aten.convolution.default(x, weight, bias, stride, padding, dilation, transposed,
+                                    output_padding, groups)
+
+
 @register(aten.convolution.default)
 @keeps_channels_last(0, 1)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):

@@ -193,6 +193,25 @@ def clone(x, *, memory_format=None):
     return E.copy_into(T.empty(x.shape, x.dtype, like_strides(x, memory_format)), x)
 
 
+# Functional forms of in-place ops (what functionalization, export and TorchScript call):
+# a copy of self, updated as the in-place op updates it. They fell back to the CPU.
+register(aten.lift_fresh_copy.default)(lambda x: clone(x, memory_format=torch.contiguous_format))
+register(aten.zero.default)(lambda x: fill(clone(x), 0))
+
+
+@register(aten.copy.default)
+def copy(x, src, non_blocking=False):
+    """The CPU's: a copy of x keeping its strides (gaps too) unless its elements overlap."""
+    kept = clone(x) if overlap.has_internal_overlap(x) else \
+        E.copy_into(T.empty(x.shape, x.dtype, x.stride()), x)
+    return aten.copy_.default(kept, src)
+
+
+@register(aten._reshape_copy.default)
+def reshape_copy(x, size):
+    return clone(aten.reshape.default(x, size), memory_format=torch.contiguous_format)
+
+
 def _preserved_strides(x):
     """PyTorch's preserve_format: a dense layout (any dim order) is kept; any other (expanded,
     sliced, overlapping) is made dense in its dims' stride order, as TensorIterator orders an

@@ -655,3 +655,32 @@ def test_large_transposed_copies_are_the_cpus(dtype):
         got = view(x.to("neuron")).contiguous()
         assert got.is_contiguous() and torch.equal(got.cpu(), view(x).contiguous())
         assert torch.equal(view(x.to("neuron")).clone().cpu(), view(x).clone())
+
+
+def test_functional_forms_of_in_place_ops_run_on_the_device():
+    """What functionalization, export and TorchScript call: they fell back to the CPU."""
+    aten = torch.ops.aten
+    x = torch.randn(2, 3, 5, 6)
+    src = torch.randn(1)  # (broadcasts to every layout's shape)
+    w, b, wt = torch.randn(4, 3, 3, 3), torch.randn(4), torch.randn(3, 2, 3, 3)
+    layouts = [lambda t: t, lambda t: t.contiguous(memory_format=torch.channels_last),
+               lambda t: t.transpose(1, 3), lambda t: t[:, :, ::2],
+               lambda t: t[:, :1].expand(2, 3, 5, 6)]  # (made where the tensor is)
+    cases = [
+        lambda d, t: aten.copy.default(t(d(x)), d(src)),
+        lambda d, t: aten.zero.default(t(d(x))),
+        lambda d, t: aten.lift_fresh_copy.default(t(d(x))),
+        lambda d, t: aten._reshape_copy.default(t(d(x)), [6, -1]),
+        lambda d, t: aten._convolution.default(d(x), d(w), d(b), [1, 1], [1, 1], [1, 1], False,
+                                               [0, 0], 1, False, False, True, True),
+        lambda d, t: aten._convolution.default(d(x), d(wt), None, [2, 2], [1, 1], [1, 1], True,
+                                               [1, 1], 1, False, False, True, True),
+    ]
+    neuron_eager.clear_op_tracking()
+    for case in cases:
+        for t in layouts:
+            want = case(lambda v: v, t)
+            got = case(lambda v: v.to("neuron"), t)
+            assert got.shape == want.shape and got.stride() == want.stride()
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert neuron_eager.get_fallback_ops() == {}
