@@ -367,10 +367,12 @@ def install_tied_parameters_shim() -> None:
         _keep_uninitialized(lazy)
         kept: dict = {}  # id(old parameter) -> the object every module now uses
         for m, name, p in before:
-            now = m._parameters.get(name)
+            table = m._parameters  # (a ScriptModule's is a wrapper with no .get)
+            now = table[name] if name in table else None
             if now is None or now is p or BACKEND not in (p.device.type, now.device.type) \
-                    or isinstance(p, _UNINITIALIZED):
-                continue  # kept, or another device's conversion: torch's own behaviour
+                    or isinstance(p, _UNINITIALIZED) or isinstance(m, torch.jit.ScriptModule):
+                continue  # kept, or another device's conversion, or a ScriptModule's (its
+                # C++ module holds every parameter too): torch's own behaviour
             if id(p) not in kept:
                 kept[id(p)] = _keep_identity(p, now, f"{type(m).__name__}.{name}")
             m._parameters[name] = kept[id(p)]

@@ -157,3 +157,26 @@ def test_backward_entry_point_and_module_hooks_are_wrapped_once():
     assert torch.utils.hooks.BackwardHook.__init__ is init
     assert torch.autograd.graph.saved_tensors_hooks.__init__.__name__ == "saved_tensors_hooks_init"
     assert torch._C._current_graph_task_id() == -1  # outside backward (in_backward relies on it)
+
+
+@pytest.mark.parametrize("make", [torch.jit.script, lambda m: torch.jit.trace(
+    m, (torch.randn(3, 8),))])
+def test_script_modules_move_to_neuron_and_back(make):
+    """ScriptModule.to() went through the tied-parameter shim, which asked its parameter
+    table (a wrapper without .get) for each parameter."""
+    import warnings
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())
+    x = torch.randn(3, 8)
+    want = eager(x)
+    want.sum().backward()
+    module = make(eager)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no "held elsewhere" warning: torch's own behaviour)
+        module.to("neuron")
+    got = module(x.to("neuron"))
+    got.sum().backward()
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(module.state_dict()["0.weight"].cpu(), eager[0].weight)
+    module.to(torch.float64).to("cpu")
