@@ -10,3 +10,13 @@ def _poisoned_hbm():
     core.hbm.poison = True
     yield
     core.hbm.poison = False
+
+
+@pytest.fixture
+def plain_after():
+    """Counters zeroed before the test; plain eager again after it."""
+    from neuron_eager import adaptive
+
+    adaptive.reset_stats()
+    yield
+    adaptive.disable()

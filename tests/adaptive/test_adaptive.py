@@ -21,12 +21,7 @@ from neuron_eager.ops import tensor as T
 
 N = torch.device("neuron")
 
-
-@pytest.fixture(autouse=True)
-def _plain_after():
-    adaptive.reset_stats()
-    yield
-    adaptive.disable()
+pytestmark = pytest.mark.usefixtures("plain_after")
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -748,31 +743,6 @@ def test_detached_views_of_a_pending_tensor_see_later_writes(alias, monkeypatch)
     both_modes(program)
 
 
-def test_a_failed_region_frees_its_memory_at_once(monkeypatch):
-    # its error's traceback held run_region's frame, which held the error: a cycle that kept
-    # the region's memory until the garbage collector ran (a retry after OOM failed again)
-    import gc
-
-    def failing(region, values, g, *let_go):
-        values[g.nodes[0]] = T.new_contiguous((1 << 16,), torch.float32)
-        raise RuntimeError("simulated kernel failure")
-
-    x = rand(1 << 16)
-    adaptive.enable()
-    before = torch.neuron.memory_allocated()
-    monkeypatch.setattr(fusion, "_run_ops", failing)
-    gc.disable()
-    try:
-        try:
-            ((x * 2) + 1).sum().item()
-        except RuntimeError as e:
-            assert "simulated kernel failure" in str(e)
-        assert torch.neuron.memory_allocated() == before
-    finally:
-        gc.enable()
-    assert "failed: RuntimeError" in adaptive.explain(1)  # the failed region is shown
-
-
 def test_a_failed_regions_error_names_the_op_and_line_as_users_know_them(monkeypatch):
     def failing(region, values, g, *let_go):
         raise RuntimeError("simulated kernel failure")
@@ -799,47 +769,3 @@ def test_explain_counts_the_ops_nothing_read():
     torch.neuron.synchronize()
     assert y.tolist() == [3.0] * 8
     assert adaptive.explain(1).startswith("region of 6 ops (4 not run: nothing read their")
-
-
-def test_an_op_by_op_run_frees_intermediates_as_it_goes():
-    # a first sighting runs op by op; it held every intermediate until the region ended, so
-    # a long chain that fits in plain eager ran out of HBM
-    def chain(x):
-        for _ in range(10):
-            x = x * 1.01 + 0.001
-        return x.sum(-1).item()
-
-    peaks = []
-    for mode in (False, True):
-        (adaptive.enable if mode else adaptive.disable)()
-        x = rand(1 << 16)
-        torch.neuron.synchronize()
-        torch.neuron.reset_peak_memory_stats()
-        base = torch.neuron.memory_allocated()
-        chain(x)
-        peaks.append(torch.neuron.max_memory_allocated() - base)
-    assert adaptive.stats()["unfused_ops"] > 0  # (it ran op by op)
-    assert peaks[1] <= peaks[0]
-
-
-def test_an_op_by_op_backward_lets_saved_activations_go_as_it_goes():
-    # autograd releases each saved activation once its node has run (recorded, here); the
-    # region still held them all until it ended, one tensor past plain eager's peak
-    def loss(x):
-        h = x
-        for _ in range(6):
-            h = (h * 1.01).tanh()
-        return h.sum()  # (only autograd holds the activations now)
-
-    peaks = []
-    for mode in (False, True):
-        (adaptive.enable if mode else adaptive.disable)()
-        x = rand(1 << 16).requires_grad_()
-        torch.neuron.synchronize()
-        torch.neuron.reset_peak_memory_stats()
-        base = torch.neuron.memory_allocated()
-        loss(x).backward()
-        torch.neuron.synchronize()
-        peaks.append(torch.neuron.max_memory_allocated() - base)
-    assert adaptive.stats()["unfused_ops"] > 0  # (a first sighting: op by op)
-    assert peaks[1] <= peaks[0]

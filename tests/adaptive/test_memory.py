@@ -1,0 +1,81 @@
+"""Adaptive eager's HBM: a region's memory goes back as plain eager's does (first sightings run
+op by op and free as they go; a failed region frees at once)."""
+import pytest
+import torch
+
+from neuron_eager import adaptive
+from neuron_eager.adaptive import fusion
+from neuron_eager.ops import tensor as T
+
+N = torch.device("neuron")
+
+pytestmark = pytest.mark.usefixtures("plain_after")
+
+
+def test_a_failed_region_frees_its_memory_at_once(monkeypatch):
+    # its error's traceback held run_region's frame, which held the error: a cycle that kept
+    # the region's memory until the garbage collector ran (a retry after OOM failed again)
+    import gc
+
+    def failing(region, values, g, *let_go):
+        values[g.nodes[0]] = T.new_contiguous((1 << 16,), torch.float32)
+        raise RuntimeError("simulated kernel failure")
+
+    x = torch.randn(1 << 16).to(N)
+    adaptive.enable()
+    before = torch.neuron.memory_allocated()
+    monkeypatch.setattr(fusion, "_run_ops", failing)
+    gc.disable()
+    try:
+        try:
+            ((x * 2) + 1).sum().item()
+        except RuntimeError as e:
+            assert "simulated kernel failure" in str(e)
+        assert torch.neuron.memory_allocated() == before
+    finally:
+        gc.enable()
+    assert "failed: RuntimeError" in adaptive.explain(1)  # the failed region is shown
+
+
+def test_an_op_by_op_run_frees_intermediates_as_it_goes():
+    # a first sighting runs op by op; it held every intermediate until the region ended, so
+    # a long chain that fits in plain eager ran out of HBM
+    def chain(x):
+        for _ in range(10):
+            x = x * 1.01 + 0.001
+        return x.sum(-1).item()
+
+    peaks = []
+    for mode in (False, True):
+        (adaptive.enable if mode else adaptive.disable)()
+        x = torch.randn(1 << 16).to(N)
+        torch.neuron.synchronize()
+        torch.neuron.reset_peak_memory_stats()
+        base = torch.neuron.memory_allocated()
+        chain(x)
+        peaks.append(torch.neuron.max_memory_allocated() - base)
+    assert adaptive.stats()["unfused_ops"] > 0  # (it ran op by op)
+    assert peaks[1] <= peaks[0]
+
+
+def test_an_op_by_op_backward_lets_saved_activations_go_as_it_goes():
+    # autograd releases each saved activation once its node has run (recorded, here); the
+    # region still held them all until it ended, one tensor past plain eager's peak
+    def loss(x):
+        h = x
+        for _ in range(6):
+            h = (h * 1.01).tanh()
+        return h.sum()  # (only autograd holds the activations now)
+
+    peaks = []
+    for mode in (False, True):
+        (adaptive.enable if mode else adaptive.disable)()
+        x = torch.randn(1 << 16).to(N).requires_grad_()
+        torch.neuron.synchronize()
+        torch.neuron.reset_peak_memory_stats()
+        base = torch.neuron.memory_allocated()
+        loss(x).backward()
+        torch.neuron.synchronize()
+        peaks.append(torch.neuron.max_memory_allocated() - base)
+    assert adaptive.stats()["unfused_ops"] > 0  # (a first sighting: op by op)
+    assert peaks[1] <= peaks[0]
