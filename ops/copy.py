@@ -196,7 +196,7 @@ def clone(x, *, memory_format=None):
 # Functional forms of in-place ops (what functionalization, export and TorchScript call):
 # a copy of self, updated as the in-place op updates it. They fell back to the CPU.
 register(aten.lift_fresh_copy.default)(lambda x: clone(x, memory_format=torch.contiguous_format))
-register(aten.zero.default)(lambda x: fill(clone(x), 0))
+register(aten.zero.default)(lambda x: zeros_like(x))  # (clone's layout, no copy to overwrite)
 
 
 @register(aten.copy.default)

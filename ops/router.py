@@ -424,11 +424,14 @@ def cpu_fallback(func, args, kwargs):
             return copy
         return down(x)
 
-    copied = _copied_args(func)
-    names = [a.name for a in func._schema.arguments]
-    cpu_args = tuple(tree_map(down_copy if i < len(names) and names[i] in copied else down, a)
-                     for i, a in enumerate(args))
-    cpu_kwargs = {k: tree_map(down_copy if k in copied else down, v) for k, v in kwargs.items()}
+    copied = _copied_args(func)  # (names, in the schema's order; positions of args)
+    if copied:
+        cpu_args = tuple(tree_map(down_copy if i in copied else down, a)
+                         for i, a in enumerate(args))
+        cpu_kwargs = {k: tree_map(down_copy if k in copied else down, v)
+                      for k, v in kwargs.items()}
+    else:
+        cpu_args, cpu_kwargs = tree_map(down, args), tree_map(down, kwargs)
     if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == T.DEVICE.type:
         cpu_kwargs["device"] = torch.device("cpu")
     with torch._C._DisableTorchDispatch():
@@ -470,7 +473,7 @@ def cpu_fallback(func, args, kwargs):
     return tree_map(up, out)
 
 
-_copied: dict = {}  # id(op) -> names of the arguments its CPU run gets as copies
+_copied: dict = {}  # id(op) -> names and positions of the args its CPU run gets as copies
 
 
 def _copied_args(func) -> frozenset:
@@ -479,14 +482,14 @@ def _copied_args(func) -> frozenset:
     may also resize (from shape (0,) to one per channel), and an alias of device memory
     cannot grow. The CPU run gets copies, written back after it (resized where it resized
     them), as PyTorch's own CPU fallback copies mutated arguments back."""
-    names = _copied.get(id(func))
-    if names is None:
+    found = _copied.get(id(func))
+    if found is None:
         arguments = func._schema.arguments
         skip = 0 if not _is_inplace(func) else 1
-        names = _copied[id(func)] = frozenset(
-            a.name for a in arguments[skip:]
-            if a.alias_info is not None and a.alias_info.is_write and not a.is_out)
-    return names
+        found = _copied[id(func)] = frozenset(
+            key for i, a in enumerate(arguments) if i >= skip and a.alias_info is not None
+            and a.alias_info.is_write and not a.is_out for key in (i, a.name))
+    return found
 
 
 def _write_back(original: NeuronTensor, copy: torch.Tensor) -> None:
