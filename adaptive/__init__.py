@@ -20,7 +20,7 @@ from math import prod
 from neuron_eager.device_sim import config
 from neuron_eager.device_sim.config import read_at_import
 
-from . import codegen, fusion, interrupts, recording
+from . import codegen, fusion, interrupts, launch, recording
 from .recording import flush, options
 
 __all__ = ["enable", "disable", "is_enabled", "adaptive_eager", "flush", "stats", "explain",
@@ -114,11 +114,6 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
-def _at(file: str, line: int) -> str:
-    """file:line, or the file alone for a backward op (no line: "<autograd backward: ...>")."""
-    return f"{file}:{line}" if line else file
-
-
 def explain(last: int = 5) -> str:
     """The `last` regions run (the latest 16 are kept): why each was flushed, and per group
     its ops, the user lines they were recorded at, how it ran (op by op, fused: compiled,
@@ -130,7 +125,7 @@ def explain(last: int = 5) -> str:
         unused = count - sum(len(g.all_nodes()) for g in plan.groups)
         skipped = f" ({unused} not run: nothing read their results)" if unused else ""
         lines.append(f"region of {_count(count, 'op')}{skipped}, flushed by "
-                     f"{_REASONS.get(reason, reason)} at {_at(*site)}:")
+                     f"{_REASONS.get(reason, reason)} at {launch.place(*site)}:")
         for g, mode in zip(plan.groups, modes):
             name = lambda j: plan.names[j].removesuffix("_plain")  # noqa: E731  (add_plain: add)
             ops = " | ".join(" -> ".join(name(j) for j in member.nodes)
@@ -138,7 +133,7 @@ def explain(last: int = 5) -> str:
             by_line: dict = {}
             for j in g.all_nodes():
                 by_line.setdefault(wheres[j], []).append(name(j))
-            at = ", ".join(f"{_at(f, n)} ({', '.join(dict.fromkeys(names))})"
+            at = ", ".join(f"{launch.place(f, n)} ({', '.join(dict.fromkeys(names))})"
                            for (f, n), names in sorted(by_line.items()))
             elements = sum(prod(member.shape) for member in g.batch)
             lines.append(f"  {ops}  [{mode}, {_count(elements, 'element')}]  at {at}")

@@ -37,7 +37,7 @@ _region = Region()
 active = False  # recording on (the dispatcher may stay wrapped, e.g. by the profiler)
 _inner = None  # the dispatcher that was installed before adaptive eager
 _installed = False
-run_region = None  # set by fusion.py: run_region(region, reason)
+run_region = None  # set by launch.py: run_region(region, reason)
 
 
 def pending_node(t) -> Node | None:

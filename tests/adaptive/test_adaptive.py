@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import neuron_eager
 from neuron_eager import adaptive
-from neuron_eager.adaptive import codegen, fusion, recording
+from neuron_eager.adaptive import codegen, fusion, launch, recording
 from neuron_eager.device_sim import core
 from neuron_eager.ops import router
 from neuron_eager.ops import tensor as T
@@ -751,7 +751,7 @@ def test_a_failed_regions_error_names_the_op_and_line_as_users_know_them(monkeyp
     w = torch.ones(8, device=N, requires_grad=True)
     loss = (w * 3).tanh().sum()
     loss.item()
-    monkeypatch.setattr(fusion, "_run_ops", failing)
+    monkeypatch.setattr(launch, "_run_ops", failing)
     with pytest.raises(RuntimeError, match=r"recorded at <autograd backward: \w+> failed"):
         loss.backward()  # (backward ops have no line: no ":0")
         w.grad.tolist()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from neuron_eager import adaptive
-from neuron_eager.adaptive import fusion
+from neuron_eager.adaptive import launch
 from neuron_eager.ops import tensor as T
 
 N = torch.device("neuron")
@@ -24,7 +24,7 @@ def test_a_failed_region_frees_its_memory_at_once(monkeypatch):
     x = torch.randn(1 << 16).to(N)
     adaptive.enable()
     before = torch.neuron.memory_allocated()
-    monkeypatch.setattr(fusion, "_run_ops", failing)
+    monkeypatch.setattr(launch, "_run_ops", failing)
     gc.disable()
     try:
         try:
