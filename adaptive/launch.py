@@ -147,7 +147,8 @@ def _output(region, node):
 
 def _run_fused(region, values, g: Group) -> str:
     """Launch the group's fused kernel (a batch: each member's loop, as one launch; Note
-    [Batches]); returns how it ran. A member whose kernel does not compile runs op by op."""
+    [Batches] in fusion.py); returns how it ran. A member whose kernel does not compile runs
+    op by op."""
     fused = compiled = 0
     loaded = codegen.stats["disk_hits"]
     for member in g.batch:
