@@ -195,11 +195,11 @@ def _streamed_loops(streamed: list, column, recipes) -> list[str]:
     lines += [f"            whole = b0 + (end - b0) // {SUM_LANES} * {SUM_LANES}",
               f"            for c0 in range(b0, whole, {SUM_LANES}):",
               "                for q in range(width):"]
-    # unsigned: a signed index may be negative for all LLVM knows, so it would wrap it
-    # around and gather every load (3x slower than vector loads)
+    # column indices unsigned: a signed one may be negative for all LLVM knows, so it would
+    # be wrapped around and every load gathered (3x slower than vector loads)
     lines += column(" " * 20, "np.uint64(c0) + np.uint64(q)", "q")
     lines.append("            for c in range(whole, end):")
-    lines += column(" " * 16, "c", "c - whole")
+    lines += column(" " * 16, "np.uint64(c)", "c - whole")
     lines += [f"            t{j} += fold_lanes(ln{j}, min(end - b0, {SUM_LANES}))"
               for j in streamed]
     return lines

@@ -564,7 +564,7 @@ def lane_sum(values, n, lanes):
             for q in range(width):
                 lanes[q] += values[np.uint64(c0) + np.uint64(q)]
         for c in range(whole, end):
-            lanes[c - whole] += values[c]
+            lanes[c - whole] += values[np.uint64(c)]  # (unsigned: no wraparound select)
         total += fold_lanes(lanes, min(end - b0, SUM_LANES))
     return total
 

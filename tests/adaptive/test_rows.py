@@ -205,3 +205,26 @@ def test_views_of_pending_tensors_are_recorded():
     assert torch.equal(y.cpu(), (x.cpu() * 2).transpose(0, 1) + 1)
     with pytest.raises(RuntimeError, match="invalid for input of size"):
         (x * 2).view(5, 5)
+
+
+def test_lane_loops_load_vectors_not_gathers():
+    # a signed column index may be negative for all LLVM knows: it wraps it around and
+    # gathers each load (3x slower, same bits, so only the code shows it)
+    from neuron_eager.adaptive import codegen, rowgen
+    from neuron_eager.ops import elementwise, kernelgen
+
+    x, w, b = _inputs((4, 1024), torch.float32)
+    adaptive.enable()
+    rms_norm(x, w).cpu()  # sum of squares: a plain-arithmetic pass, summed in lanes
+    adaptive.disable()
+    names = ["square", "mean", "add_plain", "rsqrt", "mul", "mul"]
+    spec = next(s for s in codegen._kernels  # (an earlier test may have compiled it)
+                if s[0] == "r" and [getattr(n[1], "name", n[1]) for n in s[1]] == names)
+    src, recipes = rowgen.source(spec)
+    assert "for q in range(width)" in src
+    kernel = kernelgen.jit_source(
+        src, {name: elementwise.resolve(r) for name, r in recipes.items()}, "test")
+    inputs = [w._nd if kind == "col" else x._nd for kind in spec[-1]]
+    kernel(torch.empty_like(x)._nd, *inputs, torch.tensor(1e-6).numpy())
+    llvm = kernel.inspect_llvm(kernel.signatures[0])
+    assert "x float>" in llvm and "masked.gather" not in llvm

@@ -323,6 +323,20 @@ def test_sums_add_in_the_lane_order(layout, n, seed):
         assert not np.array_equal(one_chain, ref)  # else the test could not see the order
 
 
+def test_sums_over_contiguous_runs_add_in_the_lane_order(seed):
+    # dims (0, 2) of (3, 32, 8320): each row is 3 contiguous runs (a multiple of 64 long),
+    # read run by run; a block of 4096 ends inside a run
+    x = torch.randn(3, 32, 8320) * 10 ** (6 * torch.rand(3, 32, 8320) - 3)
+    got = x.to("neuron").sum((0, 2))
+    rows = x.permute(1, 0, 2).reshape(32, -1).numpy()
+    assert np.array_equal(got.cpu().numpy(), _lane_sums(rows))
+    nchw = torch.randn(4, 8, 16, 16)  # BatchNorm's statistics: same bits from any layout
+    dev = nchw.to("neuron")
+    assert torch.equal(dev.mean((0, 2, 3)).cpu(),
+                       dev.contiguous(memory_format=torch.channels_last).mean((0, 2, 3)).cpu())
+    torch.testing.assert_close(dev.mean((0, 2, 3)).cpu(), nchw.mean((0, 2, 3)))
+
+
 def test_gradients(seed):
     x = torch.randn(4, 6, requires_grad=True)
     check_op(lambda t: t.sum(1), x, grad=True)
