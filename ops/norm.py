@@ -212,10 +212,11 @@ def _build_row_norm(load, store):
                 for j in range(length):
                     dst[j] = store((xs[j] - mu) * (rs * wr[j]) + br[j])
             else:
-                for c in range(nw):
+                for c in range(nw):  # (unsigned: a signed j would be wrapped, gathered)
                     scale, bias = rs * w[base + c], b[base + c]
                     for j in range(c * per_w, (c + 1) * per_w):
-                        dst[j] = store((xs[j] - mu) * scale + bias)
+                        u = np.uint64(j)
+                        dst[u] = store((xs[u] - mu) * scale + bias)
             mean[r] = mu
             rstd[r] = rs
 
@@ -269,7 +270,7 @@ def _build_row_norm_backward(load, store):
                     s_gy += wc * s_g
                     s_gyxc += wc * s_gxc
                     for j in range(lo_c, hi_c):
-                        gy[j] *= wc
+                        gy[np.uint64(j)] *= wc
             if want_gx:  # rstd * (gy - mean(gy) - xhat * mean(gy * xhat))
                 a = s_gy / n
                 k = s_gyxc * rs / n

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import core
-from neuron_eager.ops import numerics
+from neuron_eager.ops import numerics, workers
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
@@ -77,14 +77,15 @@ def scatter_grad(gin, grad, idx, g):
 
 
 @njit(error_model="numpy", nogil=True)
-def avg_pool(out, x, g, d0, dn, dd, h0, hn, hd, w0, wn, wd, divisor, integer):
+def avg_pool(lo, hi, out, x, g, d0, dn, dd, h0, hn, hd, w0, wn, wd, divisor, integer):
     """Window sums (fp32, or int64 for integers) over the product of the axis divisors (or
-    `divisor` when it is not 0); integer means truncate toward zero, as C++ division does."""
-    P, C, sn, sc, sd, sh, sw = g[0], g[1], g[2], g[3], g[4], g[5], g[6]
+    `divisor` when it is not 0), for planes lo..hi-1; integer means truncate toward zero, as
+    C++ division does. (Loads index unsigned: no negative-index wraparound per tap.)"""
+    C, sn, sc, sd, sh, sw = g[1], g[2], g[3], g[4], g[5], g[6]
     Do, Ho, Wo = g[10], g[11], g[12]
-    o = 0
+    o = lo * Do * Ho * Wo
     zero = x[0] - x[0]
-    for p in range(P):
+    for p in range(lo, hi):
         base = (p // C) * sn + (p % C) * sc
         for od in range(Do):
             for oh in range(Ho):
@@ -93,7 +94,7 @@ def avg_pool(out, x, g, d0, dn, dd, h0, hn, hd, w0, wn, wd, divisor, integer):
                     for d in range(d0[0, od], d0[0, od] + dn[0, od]):
                         for h in range(h0[0, oh], h0[0, oh] + hn[0, oh]):
                             for w in range(w0[0, ow], w0[0, ow] + wn[0, ow]):
-                                s += x[base + d * sd + h * sh + w * sw]
+                                s += x[np.uint64(base + d * sd + h * sh + w * sw)]
                     k = divisor if divisor != 0 else dd[0, od] * hd[0, oh] * wd[0, ow]
                     if integer:
                         q = abs(s) // k
@@ -104,10 +105,11 @@ def avg_pool(out, x, g, d0, dn, dd, h0, hn, hd, w0, wn, wd, divisor, integer):
 
 
 @njit(error_model="numpy", nogil=True)
-def avg_pool_backward(gin, grad, g, d0, dn, dd, h0, hn, hd, w0, wn, wd, divisor):
-    P, C, D, H, W, Do, Ho, Wo = g[0], g[1], g[7], g[8], g[9], g[10], g[11], g[12]
+def avg_pool_backward(lo, hi, gin, grad, g, d0, dn, dd, h0, hn, hd, w0, wn, wd, divisor):
+    """For planes lo..hi-1 (each writes only its own plane of gin)."""
+    C, D, H, W, Do, Ho, Wo = g[1], g[7], g[8], g[9], g[10], g[11], g[12]
     gn, gc, gd, gh, gw = g[16], g[17], g[18], g[19], g[20]
-    for p in range(P):
+    for p in range(lo, hi):
         n, c = p // C, p % C
         for od in range(Do):
             for oh in range(Ho):
@@ -117,7 +119,7 @@ def avg_pool_backward(gin, grad, g, d0, dn, dd, h0, hn, hd, w0, wn, wd, divisor)
                     for d in range(d0[0, od], d0[0, od] + dn[0, od]):
                         for h in range(h0[0, oh], h0[0, oh] + hn[0, oh]):
                             for w in range(w0[0, ow], w0[0, ow] + wn[0, ow]):
-                                gin[(p * D + d) * H * W + h * W + w] += v
+                                gin[np.uint64((p * D + d) * H * W + h * W + w)] += v
 
 
 _fractional_kernels: dict = {}
@@ -382,7 +384,8 @@ def _avg(x, out_meta, k, windows, divisor):
         g = _geometry(x, out, k)
         res = result_buffer(out)
         integer = not x.dtype.is_floating_point
-        avg_pool(res, widen(x), g, *[a for w in windows for a in w], divisor, integer)
+        workers.share_rows(avg_pool, g[0], x.numel(), [res, widen(x), g, *[
+            a for w in windows for a in w], divisor, integer])
         narrow_into(out, res)
         _launch(x, out)
     return out
@@ -394,7 +397,8 @@ def _avg_backward(grad, x, k, windows, divisor):
         values = np.zeros(gin.numel(), np.float32)
         if grad.numel():
             g = _geometry(x, grad, k, grad)
-            avg_pool_backward(values, widen(grad), g, *[a for w in windows for a in w], divisor)
+            workers.share_rows(avg_pool_backward, g[0], values.size, [
+                values, widen(grad), g, *[a for w in windows for a in w], divisor])
         narrow_into(gin, values)
         _launch(gin, grad)
     return gin
