@@ -94,7 +94,7 @@ def launch(kernel, x: torch.Tensor, dims, outs, *params, engine: str = "vector")
     core.launch(engine, x.numel(), x._nd.nbytes + sum(a.nbytes for a in arrays))
 
 
-def _by_rows(run, r: Rows, elements: int) -> None:
+def by_rows(run, r: Rows, elements: int) -> None:
     """run(lo, hi) over all rows of `r`: large inputs a share of rows per core (each row's
     result does not depend on the share it falls in). Rows walked side by side need two a
     share; stochastic kernels seed their noise per launch on the calling thread."""
@@ -442,7 +442,7 @@ def _sum(op, x, dim, keepdim, dtype, mean=False):
         k(src, base, r.starts[lo:hi], r.steps, r.stride, r.n, vals[lo:hi], mean, kind(n), lanes,
           total, r.run)
 
-    _by_rows(run, r, x.numel())
+    by_rows(run, r, x.numel())
     core.launch("vector", x.numel(), x._nd.nbytes + vals.nbytes)
     if out_dtype == torch.int64:
         numerics.wrap_int64(out._nd, "sum")
@@ -481,7 +481,7 @@ def extreme(op, x, dims, keepdim, want_max, values=True, indices=True):
         k = kernel("extreme_values", x.dtype, x.dtype, compute, op)
         r = rows(x, dims)
         src, base, vals = flat(x), x.storage_offset(), out._nd.reshape(-1)
-        _by_rows(lambda lo, hi: k(src, base, r.starts[lo:hi], r.steps, r.stride, r.n,
+        by_rows(lambda lo, hi: k(src, base, r.starts[lo:hi], r.steps, r.stride, r.n,
                                   vals[lo:hi], want_max), r, x.numel())
         core.launch("vector", x.numel(), x._nd.nbytes + vals.nbytes)
         return out, idx

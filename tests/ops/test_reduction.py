@@ -190,6 +190,26 @@ def test_stable_sort_and_nan(seed):
     check_op(lambda t: t.sort(), torch.rand(7) > 0.5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_float_sorts_keep_ties_zeros_and_nans_in_the_stable_order(dtype):
+    # Note [Sorting float keys]: -0.0 ties +0.0, NaNs of either sign tie above +inf; rows
+    # enough to be shared between cores, and a transposed input
+    x = torch.randint(-3, 4, (64, 2048)).float()
+    zeros = x == 0
+    x[zeros] = torch.where(torch.rand(int(zeros.sum())) < 0.5, 0.0, -0.0)
+    x[:, ::97] = float("nan")
+    x[:, 5::101] = -float("nan")
+    x[:, 7::89] = float("inf")
+    x = x.to(dtype)
+    for t, dim in ((x, 1), (x.t(), 0)):
+        for descending in (False, True):
+            got = torch.sort(t.to("neuron"), dim=dim, descending=descending)
+            ref = torch.sort(t, dim=dim, descending=descending, stable=True)
+            assert torch.equal(got.indices.cpu(), ref.indices)
+            bits = torch.int32 if dtype == torch.float32 else torch.int16
+            assert torch.equal(got.values.cpu().view(bits), ref.values.view(bits))
+
+
 # by insertion up to 64, in a heap up to a quarter of the row, by sorting above
 @pytest.mark.parametrize("k", [1, 5, 64, 65, 75, 76, 150])
 @pytest.mark.parametrize("largest", [True, False])
