@@ -27,24 +27,33 @@ _JIT = I._JIT
 # -- kernels -------------------------------------------------------------------------------
 @njit(**_JIT)
 def _nonzero(out, x, shape, strides, keep):
-    """Row-major coordinates of elements with (bits & keep) != 0; returns how many.
-
-    With `out` of 0 rows it only counts.
-    """
+    """Row-major coordinates of elements with (bits & keep) != 0, into out[c, :]; returns
+    how many. With `out` of 0 rows it only counts. The last dim is walked in a plain loop
+    (unsigned offsets: the count vectorizes), the others advanced once per row."""
     nd = shape.shape[0]
-    coord = np.zeros(nd, np.int64)
-    total = 1
-    for d in range(nd):
-        total *= shape[d]
+    inner = shape[nd - 1] if nd else 1
+    step = np.uint64(strides[nd - 1]) if nd else np.uint64(0)
+    rows = 1
+    for d in range(nd - 1):
+        rows *= shape[d]
+    coord = np.zeros(max(nd, 1), np.int64)
+    cap = out.shape[0]
     c = 0
     off = 0
-    for _ in range(total):
-        if x[off] & keep:
-            if c < out.shape[0]:
-                for d in range(nd):
-                    out[c, d] = coord[d]
-            c += 1
-        d = nd - 1
+    for _ in range(rows):
+        base = np.uint64(off)
+        if cap == 0:
+            for j in range(inner):
+                c += np.int64((x[base + np.uint64(j) * step] & keep) != 0)
+        else:
+            for j in range(inner):
+                if x[base + np.uint64(j) * step] & keep:
+                    if c < cap:
+                        for d in range(nd - 1):
+                            out[c, d] = coord[d]
+                        out[c, nd - 1] = j
+                    c += 1
+        d = nd - 2
         while d >= 0:
             coord[d] += 1
             off += strides[d]
@@ -128,11 +137,9 @@ def nonzero(x):
                       torch.int64)
     # The CPU's result is column-major, strides (1, n): one coordinate's column is dense.
     columns = T.empty((x.dim(), n), torch.int64)
-    rows = np.empty((n, x.dim()), np.int64)
-    _nonzero(rows, I.flat(x), np.array(x.shape, np.int64), np.array(x.stride(), np.int64),
-             _keep_bits(x))
-    columns._nd[...] = rows.T
-    core.launch("gpsimd", x.numel(), x._nd.nbytes + rows.nbytes)
+    _nonzero(columns._nd.T, I.flat(x), np.array(x.shape, np.int64),
+             np.array(x.stride(), np.int64), _keep_bits(x))
+    core.launch("gpsimd", x.numel(), x._nd.nbytes + columns._nd.nbytes)
     return T.make(columns._storage, (n, x.dim()), (1, n), 0, torch.int64)
 
 

@@ -126,6 +126,7 @@ def test_index_masks(seed):
     check_op(lambda t: torch.nonzero(t), torch.tensor([[0.0, -0.0, 2], [float("nan"), 0, 1]]))
     check_op(torch.nonzero, torch.tensor(3.0))
     check_op(lambda t: torch.argwhere(t > 0.5), torch.rand(3, 4).t())
+    check_op(lambda t: torch.nonzero(t[:, ::2, 1:] > 0.3), torch.randn(5, 6, 300))  # strided rows
 
 
 @pytest.mark.parametrize("x", [torch.tensor([[0, 1, 2], [3, 0, 4]]), torch.zeros(2, 3),
