@@ -51,7 +51,8 @@ def _nonzero(out, x, shape, strides, keep):
                     if c < cap:
                         for d in range(nd - 1):
                             out[c, d] = coord[d]
-                        out[c, nd - 1] = j
+                        if nd:  # (a 0-dim x has no coordinates)
+                            out[c, nd - 1] = j
                     c += 1
         d = nd - 2
         while d >= 0:
