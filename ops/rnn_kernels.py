@@ -72,7 +72,8 @@ def lstm_forward(hy, cy, ws, ig, hg, ib, hb, cx, bias):
 def lstm_backward(grad_gates, grad_cx, grad_hy, grad_cy, cx, cy, ws, has_hy, has_cy):
     B, H = cx.shape
     for b in range(B):
-        w, gg, gcx, gy = ws[b], grad_gates[b], grad_cx[b], grad_hy[b]
+        w, gg, gcx = ws[b], grad_gates[b], grad_cx[b]
+        gy = grad_hy[b] if has_hy else grad_hy[0]  # (without it: a 1 x 1 placeholder)
         for j in range(H):
             gcx[j] = _tanh(cy[b, j])  # (grad_cx holds tanh(cy), then the cell's gradient)
         for j in range(H):
