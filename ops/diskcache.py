@@ -63,7 +63,8 @@ def fingerprint() -> str:
 
         h = hashlib.sha256()
         for part in (sys.implementation.cache_tag, numba.__version__, llvmlite.__version__,
-                     np.__version__, repr(cpu_target.target_context.codegen().magic_tuple())):
+                     np.__version__, repr(cpu_target.target_context.codegen().magic_tuple()),
+                     f"boundscheck={numba.config.BOUNDSCHECK} opt={numba.config.OPT}"):
             h.update(part.encode() + b"\0")
         ops = Path(__file__).parent
         for directory in (ops, ops.parent / "adaptive"):

@@ -11,6 +11,11 @@ import torch
 os.environ.setdefault("NEURON_EAGER_CACHE_DIR", os.path.join(
     tempfile.gettempdir(), f"neuron-eager-test-kernels-{os.getuid()}"))
 
+# Every kernel checks its indices here (Numba reads this when first imported): an access out
+# of bounds raises IndexError instead of reading or corrupting memory. A separate machine-code
+# cache (diskcache.fingerprint keys on it), so users' kernels are not the checked ones.
+os.environ.setdefault("NUMBA_BOUNDSCHECK", "1")
+
 import neuron_eager  # noqa: E402
 
 
