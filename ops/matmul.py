@@ -282,7 +282,17 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
     acc_t = torch.from_numpy(acc)
     a = torch.from_numpy(fa).as_strided(a_shape, a_strides)
     b = torch.from_numpy(fb).as_strided(b_shape, b_strides)
-    K = a_shape[-1]
+    B1, B2, BR, M, K = a_shape
+    N = b_shape[-1]
+    if BR == 1 and K <= TILE_K and B1 * B2 > 1:  # one chunk per product: one batched call
+        torch.bmm(a.reshape(B1 * B2, M, K), b.reshape(B1 * B2, K, N),
+                  out=acc_t.view(B1 * B2, M, N))
+        return
+    if BR * (K // TILE_K) >= 4 and M * N <= BATCHED_CHUNKS_MAX_OUTPUTS:
+        for j1 in range(B1):
+            for j2 in range(B2):
+                _batched_chunks(acc[j1, j2].reshape(-1), a[j1, j2], b[j1, j2])
+        return
     for j1 in range(acc.shape[0]):
         for j2 in range(acc.shape[1]):
             c = acc_t[j1, j2]
@@ -295,6 +305,53 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
                         first = False
                     else:
                         c.addmm_(x, y)
+
+
+# Note [Batched chunks]
+# A product with a small output and a long K (a small layer's weight gradient over many
+# tokens) is many small chunk products, one addmm_ each, whose call costs more than its
+# arithmetic. Multiplied as one bmm over the chunks, the chunk sums land side by side and a
+# loop adds them to the accumulator in order: the same sums, added in the same order (the
+# first one assigned, as mm(out=) does). 16 x 65536 @ 65536 x 16: 6.2 -> 0.6 ms; 64 x 64
+# outputs over the same K: 14 -> 6.5 ms; from 128 x 128 outputs on the two take the same time
+# (larger ones were slower batched). Partial sums are held for BATCHED_CHUNKS_BYTES at most.
+BATCHED_CHUNKS_MAX_OUTPUTS = 128 * 128
+BATCHED_CHUNKS_BYTES = 16 << 20
+
+
+@njit(error_model="numpy", nogil=True)
+def _add_in_order(acc, parts, first):
+    """acc = parts[0] (when first) or acc + parts[0], then + parts[1], ... in fp32."""
+    start = 0
+    if first:
+        for j in range(acc.size):
+            acc[j] = parts[0, j]
+        start = 1
+    for i in range(start, parts.shape[0]):
+        for j in range(acc.size):
+            acc[j] += parts[i, j]
+
+
+def _batched_chunks(acc: np.ndarray, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc (M*N,) = the sum over BR and K-chunks of a (BR, M, K) @ b (BR, K, N), chunk by
+    chunk in order (Note [Batched chunks])."""
+    BR, M, K = a.shape
+    N = b.shape[-1]
+    whole = K // TILE_K * TILE_K
+    group = max(1, BATCHED_CHUNKS_BYTES // (4 * M * N))
+    first = True
+    for jr in range(BR):
+        for k0 in range(0, whole, group * TILE_K):
+            k1 = min(k0 + group * TILE_K, whole)
+            n = (k1 - k0) // TILE_K
+            x = a[jr, :, k0:k1].reshape(M, n, TILE_K).transpose(0, 1)
+            y = b[jr, k0:k1].reshape(n, TILE_K, N)
+            _add_in_order(acc, torch.bmm(x, y).numpy().reshape(n, M * N), first)
+            first = False
+        if whole < K:
+            part = torch.mm(a[jr, :, whole:], b[jr, whole:]).numpy().reshape(1, M * N)
+            _add_in_order(acc, part, first)
+            first = False
 
 
 def _strided(flat_values: np.ndarray, shape, strides) -> np.ndarray:

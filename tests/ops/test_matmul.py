@@ -114,9 +114,10 @@ def _exact_chunk_operands(m, k, n, dtype):
 
 
 # (9, 300, 11) runs np.dot (OpenBLAS) per chunk inside the Numba kernel, (140, 300, 170) and
-# (64, 1024, 200) call MKL's sgemm through torch with beta=1: all must give the reference's
-# bits, so the chunk sums are added to the accumulator, not C preloaded into the chunk's sum.
-@pytest.mark.parametrize("mkn", [(9, 300, 11), (140, 300, 170), (64, 1024, 200)])
+# (64, 1024, 200) call MKL's sgemm through torch with beta=1, (24, 2100, 40) multiplies its
+# chunks in one bmm (Note [Batched chunks]): all must give the reference's bits, so the chunk
+# sums are added to the accumulator, not C preloaded into the chunk's sum.
+@pytest.mark.parametrize("mkn", [(9, 300, 11), (140, 300, 170), (64, 1024, 200), (24, 2100, 40)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_k_chunked_accumulation_is_what_is_computed(dtype, mkn, seed):
     m, k, n = mkn
