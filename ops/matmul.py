@@ -276,35 +276,34 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
     A and B are views (element strides, 0 broadcasts) of the flat fp32 arrays fa and fb.
     Each chunk is one BLAS sgemm through torch's CPU addmm_ (MKL), beta=1 into the
     accumulator: the micro-kernel sums the chunk's products in fp32 registers, then adds
-    that sum to acc (tests/ops/test_matmul.py checks this order). torch multiplies strided
-    chunks in place (no staging copies) and uses every core torch uses.
+    that sum to acc (tests/ops/test_matmul.py checks this order); over a batch, one bmm per
+    chunk whose sums are then added (sdpa's 64 heads: 128 calls -> 2). torch multiplies
+    strided chunks in place (no staging copies) and uses every core torch uses.
     """
     acc_t = torch.from_numpy(acc)
     a = torch.from_numpy(fa).as_strided(a_shape, a_strides)
     b = torch.from_numpy(fb).as_strided(b_shape, b_strides)
     B1, B2, BR, M, K = a_shape
-    N = b_shape[-1]
-    if BR == 1 and K <= TILE_K and B1 * B2 > 1:  # one chunk per product: one batched call
-        torch.bmm(a.reshape(B1 * B2, M, K), b.reshape(B1 * B2, K, N),
-                  out=acc_t.view(B1 * B2, M, N))
+    N, B = b_shape[-1], B1 * B2
+    if B == 1 and BR * (K // TILE_K) >= 4 and M * N <= BATCHED_CHUNKS_MAX_OUTPUTS:
+        _batched_chunks(acc.reshape(-1), a[0, 0], b[0, 0])
         return
-    if BR * (K // TILE_K) >= 4 and M * N <= BATCHED_CHUNKS_MAX_OUTPUTS:
-        for j1 in range(B1):
-            for j2 in range(B2):
-                _batched_chunks(acc[j1, j2].reshape(-1), a[j1, j2], b[j1, j2])
-        return
-    for j1 in range(acc.shape[0]):
-        for j2 in range(acc.shape[1]):
-            c = acc_t[j1, j2]
-            first = True
-            for jr in range(a_shape[2]):
-                for k0 in range(0, K, TILE_K):
-                    x, y = a[j1, j2, jr, :, k0:k0 + TILE_K], b[j1, j2, jr, k0:k0 + TILE_K]
-                    if first:
-                        torch.mm(x, y, out=c)
-                        first = False
-                    else:
-                        c.addmm_(x, y)
+    out, part, first = acc_t.view(B, M, N), None, True
+    for jr in range(BR):  # chunk by chunk; a batch of products is one bmm per chunk
+        for k0 in range(0, K, TILE_K):
+            x = a[:, :, jr, :, k0:k0 + TILE_K].reshape(B, M, -1)
+            y = b[:, :, jr, k0:k0 + TILE_K].reshape(B, -1, N)
+            if B == 1:
+                if first:
+                    torch.mm(x[0], y[0], out=out[0])
+                else:
+                    out[0].addmm_(x[0], y[0])
+            elif first:
+                torch.bmm(x, y, out=out)
+            else:  # (bmm has no beta: the chunk sums, then one fp32 add each, in order)
+                part = torch.bmm(x, y) if part is None else torch.bmm(x, y, out=part)
+                out.add_(part)
+            first = False
 
 
 # Note [Batched chunks]
@@ -372,7 +371,8 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
     # Large products call MKL's sgemm (through torch) per chunk with beta=1: no staging copies
     # and no extra pass over the accumulator. Unless torch's fp32 matmuls may use bf16/tf32:
     # then the Numba kernel's OpenBLAS (np.dot) computes the chunks.
-    if (res.size and kind is np.float32 and M * N * K >= BLAS_MIN_WORK and M > 1 and N > 1
+    work = M * N * K * B1 * B2  # (_blas_gemm multiplies a batch's chunks in one bmm each)
+    if (res.size and kind is np.float32 and work >= BLAS_MIN_WORK and M > 1 and N > 1
             and cpu_sgemm_is_fp32()):
         out = res.reshape(B1, B2, M, N)
         _blas_gemm(out, fa.astype(kind, copy=False), (B1, B2, BR, M, K), a_strides,

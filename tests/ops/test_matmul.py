@@ -135,6 +135,17 @@ def test_k_chunked_accumulation_is_what_is_computed(dtype, mkn, seed):
         assert not np.array_equal((a32.astype(np.float64) @ b32).astype(np.float32), ref)
 
 
+def test_k_chunks_of_a_batch_are_added_in_order(seed):
+    # one bmm per chunk over the batch, then the chunk sums added (ops/matmul.py _blas_gemm)
+    pairs = [_exact_chunk_operands(40, 300, 50, torch.float32) for _ in range(4)]
+    a, b = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    for x in (a, a.transpose(1, 2).contiguous().transpose(1, 2)):
+        got = torch.bmm(x.to("neuron"), b.to("neuron")).cpu()
+        for i in range(4):
+            ref = _chunked_reference(a[i].numpy(), b[i].numpy())
+            assert torch.equal(got[i], torch.from_numpy(ref))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_out_dtype_returns_the_fp32_accumulator(dtype, seed):
     # mm(..., out_dtype=torch.float32): the PSUM sums themselves, not rounded to the inputs'
