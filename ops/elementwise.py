@@ -613,6 +613,13 @@ def launch(op: Elementwise, operands, params, out: NeuronTensor, shape, compute:
     return _launch_planned(plan, operands, params, out)
 
 
+def _one_value(t: NeuronTensor) -> bool:
+    """Whether every element of t is one and the same (one element, or one expanded)."""
+    numel = t.numel()
+    return numel == 1 or (numel > 0 and not t.is_contiguous() and not any(
+        stride for size, stride in zip(t.shape, t.stride()) if size > 1))
+
+
 def _plan_launch(op: Elementwise, operands, out: NeuronTensor, shape, compute: str, cast):
     """The layout-only part of a launch: (shape, n, kernel, split, views, args, cast, wrap,
     moved, engine), where views holds (shape, byte strides) of the output, then of each array
@@ -627,12 +634,14 @@ def _plan_launch(op: Elementwise, operands, out: NeuronTensor, shape, compute: s
             kinds.append("o")
             codes.append(numerics.load_code(a.dtype))
             aliased += 1
-        elif isinstance(a, NeuronTensor) and (a.dim() or out.dim() == 0):
+        elif isinstance(a, NeuronTensor) and (a.dim() or out.dim() == 0) and not (
+                n > 1 and _one_value(a)):
             kinds.append("a")
             codes.append(numerics.load_code(a.dtype))
             args.append(("a", k))
-        elif isinstance(a, NeuronTensor):  # a neuron 0-dim tensor in a larger result
-            kinds.append("s")
+        elif isinstance(a, NeuronTensor):  # a 0-dim or one-element tensor in a larger
+            kinds.append("s")  # result, or one value expanded (mean's gradient): loaded once
+            # (as a scalar operand, not gathered at every element)
             codes.append(numerics.load_code(a.dtype))
             args.append(("z", k))
         else:  # Python scalar or CPU 0-dim tensor, converted once on the host
@@ -682,7 +691,7 @@ def _launch_planned(plan, operands, params, out: NeuronTensor) -> NeuronTensor:
             values.append(_view_of(a, *views[k]))
             k += 1
         elif kind == "z":
-            values.append(a._nd[()])
+            values.append(_view_of(a, (), ())[()])
         else:
             values.append(cast(a.item() if isinstance(a, torch.Tensor) else a))
     values += [cast(p) for p in params]

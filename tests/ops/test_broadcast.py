@@ -107,3 +107,33 @@ def test_a_planned_in_place_layout_still_sees_aliases_and_overlaps():
         with pytest.raises(RuntimeError, match="refer to a single memory location"):
             x[1:].add_(x[:-1])
     _same(x_n, x + torch.cat([torch.zeros(1), y[:-1]]))
+
+
+@pytest.mark.parametrize("rows", [3, BIG])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_one_value_operands_are_loaded_once(rows, dtype, monkeypatch):
+    # a (1,)/(1, 1) tensor or one value expanded (mean's gradient) is a scalar operand of
+    # the loop (kind "s"), not an array read through zero strides
+    x = _rand(rows, 1024, dtype=dtype)
+    ones = [(_rand(1, dtype=dtype, seed=2), lambda t: t), (_rand(1, 1, dtype=dtype, seed=3),
+                                                          lambda t: t),
+            (_rand(dtype=dtype, seed=4), lambda t: t.expand(rows, 1024)),
+            (_rand(1, 1, dtype=dtype, seed=5), lambda t: t.expand(1, 1024))]
+    kinds, kernel_for = [], kernelgen.elementwise_kernel
+
+    def spy(*args):
+        kinds.append((args[0], args[3]))
+        return kernel_for(*args)
+
+    for base, view in ones:
+        one, on_device, dev = view(base), view(base.to(N)), x.to(N)
+        monkeypatch.setattr(kernelgen, "elementwise_kernel", spy)
+        _same(dev * on_device, x * one)
+        _same(on_device - dev, one - x)
+        _same(torch.where(dev > 0, on_device, dev), torch.where(x > 0, one, x))
+        if dtype != torch.int32:
+            _same(on_device.expand(rows, 1024) / 3, one.expand(rows, 1024) / 3)  # all one
+        monkeypatch.setattr(kernelgen, "elementwise_kernel", kernel_for)
+        dev.add_(on_device)  # in place, the one value from another tensor
+        _same(dev, x + one)
+    assert kinds and all("s" in k for name, k in kinds if name != "gt")

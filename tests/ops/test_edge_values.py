@@ -39,8 +39,9 @@ def test_integer_pow_of_a_negative_tensor_exponent(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_pow_of_a_tensor_half_exponent_at_negative_zero_and_infinity(dtype):
     """pow(x, tensor) is C's pow (pow(-0.0, 0.5) = 0.0); pow(x, 0.5) is sqrt (-0.0)."""
-    x = torch.tensor([-0.0, 0.0, -float("inf"), float("inf"), 4.0, -4.0], dtype=dtype)
-    for value in (0.5, -0.5, 2.0, -1.0):
+    x = torch.tensor([-0.0, 0.0, -float("inf"), float("inf"), 4.0, -4.0, 3.3, float("nan")],
+                     dtype=dtype)
+    for value in (0.5, -0.5, 2.0, -1.0, 1.0):  # (x ** 1.0: x, as the CPU copies it)
         e = torch.full_like(x, value)
         _same_bits(torch.pow(x, e), torch.pow(x.to(NEURON), e.to(NEURON)).cpu())
         _same_bits(torch.pow(x, value), torch.pow(x.to(NEURON), value).cpu())
