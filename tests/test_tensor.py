@@ -657,6 +657,18 @@ def test_large_transposed_copies_are_the_cpus(dtype):
         assert torch.equal(view(x.to("neuron")).clone().cpu(), view(x).clone())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_large_strided_copies_are_the_cpus(dtype):
+    # run by run (Note [Strided copies] in ops/transpose.py): head transposes, slices, an
+    # expanded dim, a reversed permutation and runs that are not unit-stride
+    x = (torch.randn(8, 64, 12, 40) * 100).to(dtype)
+    for view in (lambda t: t.permute(0, 2, 1, 3), lambda t: t[:, ::2], lambda t: t[..., 1:],
+                 lambda t: t.permute(3, 1, 2, 0), lambda t: t.expand(2, 8, 64, 12, 40),
+                 lambda t: t.permute(2, 0, 3, 1)[::3]):
+        got = view(x.to("neuron")).contiguous()
+        assert got.is_contiguous() and torch.equal(got.cpu(), view(x).contiguous())
+
+
 def test_functional_forms_of_in_place_ops_run_on_the_device():
     """What functionalization, export and TorchScript call: they fell back to the CPU."""
     aten = torch.ops.aten
