@@ -31,11 +31,12 @@ NeuronTensor = T.NeuronTensor
 #    dilation (d, h, w), then strides (n, c, d, h, w) of the grad and of the indices.
 # Window tables (first, count[, divisor]) are 2-D: (planes or 1, outputs along the axis).
 @njit(error_model="numpy", nogil=True)
-def max_pool(out, idx, x, g, d0, dn, h0, hn, w0, wn):
-    P, C, sn, sc, sd, sh, sw = g[0], g[1], g[2], g[3], g[4], g[5], g[6]
+def max_pool(lo, hi, out, idx, x, g, d0, dn, h0, hn, w0, wn):
+    """Window maxima and their flat positions, for planes lo..hi-1 (loads unsigned)."""
+    C, sn, sc, sd, sh, sw = g[1], g[2], g[3], g[4], g[5], g[6]
     H, W, Do, Ho, Wo, ddl, dhl, dwl = g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]
-    o = 0
-    for p in range(P):
+    o = lo * Do * Ho * Wo
+    for p in range(lo, hi):
         base = (p // C) * sn + (p % C) * sc
         rd, rh, rw = p % d0.shape[0], p % h0.shape[0], p % w0.shape[0]
         for od in range(Do):
@@ -44,7 +45,7 @@ def max_pool(out, idx, x, g, d0, dn, h0, hn, w0, wn):
                 fh = h0[rh, oh]
                 for ow in range(Wo):
                     fw = w0[rw, ow]
-                    best = x[base + fd * sd + fh * sh + fw * sw]
+                    best = x[np.uint64(base + fd * sd + fh * sh + fw * sw)]
                     at = (fd * H + fh) * W + fw
                     for a in range(dn[rd, od]):
                         d = fd + a * ddl
@@ -52,7 +53,7 @@ def max_pool(out, idx, x, g, d0, dn, h0, hn, w0, wn):
                             h = fh + b * dhl
                             for c in range(wn[rw, ow]):
                                 w = fw + c * dwl
-                                v = x[base + d * sd + h * sh + w * sw]
+                                v = x[np.uint64(base + d * sd + h * sh + w * sw)]
                                 if v > best or v != v:  # the last NaN wins, as on the CPU
                                     best, at = v, (d * H + h) * W + w
                     out[o] = best
@@ -61,13 +62,14 @@ def max_pool(out, idx, x, g, d0, dn, h0, hn, w0, wn):
 
 
 @njit(error_model="numpy", nogil=True)
-def scatter_grad(gin, grad, idx, g):
-    """gin[p, idx[p, o]] += grad[p, o]: the gradient of max pooling, summed in fp32."""
-    P, C, D, H, W, Do, Ho, Wo = g[0], g[1], g[7], g[8], g[9], g[10], g[11], g[12]
+def scatter_grad(lo, hi, gin, grad, idx, g):
+    """gin[p, idx[p, o]] += grad[p, o]: the gradient of max pooling, summed in fp32, for
+    planes lo..hi-1 (each adds to its own plane only)."""
+    C, D, H, W, Do, Ho, Wo = g[1], g[7], g[8], g[9], g[10], g[11], g[12]
     gn, gc, gd, gh, gw = g[16], g[17], g[18], g[19], g[20]
     i_n, i_c, i_d, i_h, i_w = g[21], g[22], g[23], g[24], g[25]
     plane = D * H * W
-    for p in range(P):
+    for p in range(lo, hi):
         n, c = p // C, p % C
         for od in range(Do):
             for oh in range(Ho):
@@ -238,7 +240,8 @@ def _max(x, out_meta, k, windows, dilation=(1, 1, 1)):
     if out.numel():
         g = _geometry(x, out, k, dilation=dilation)
         res = result_buffer(out)
-        max_pool(res, idx._nd.reshape(-1), widen(x), g, *[a for w in windows for a in w[:2]])
+        workers.share_rows(max_pool, g[0], x.numel(), [
+            res, idx._nd.reshape(-1), widen(x), g, *[a for w in windows for a in w[:2]]])
         narrow_into(out, res)
         _launch(x, out, idx)
     return out, idx
@@ -331,7 +334,8 @@ def _max_backward(op, k, args, grad, x, indices):
         values = np.zeros(gin.numel(), np.float32)
         if grad.numel():
             g = _geometry(x, grad, k, grad, indices)
-            scatter_grad(values, widen(grad), flat(indices), g)
+            workers.share_rows(scatter_grad, g[0], values.size,
+                               [values, widen(grad), flat(indices), g])
         narrow_into(gin, values)
         _launch(gin, grad, indices)
     return gin
