@@ -413,32 +413,33 @@ def _build_batch_norm(load, store):
     moments = lane_moments(load)
 
     @njit(**JIT_OPTIONS)
-    def batch_norm(x, w, b, out, mean, var, invstd, eps, train):
+    def batch_norm(lo, hi, x, w, b, out, mean, var, invstd, eps, train):
+        # channels lo..hi-1: each channel's sums run over n in order, on whichever core
         n_, channels, s_ = x.shape
         m = np.float32(n_ * s_)
         if train:
             acc = np.zeros(channels, np.float32)  # Note [Corrected two-pass statistics]
             acc2 = np.zeros(channels, np.float32)
             for n in range(n_):
-                for c in range(channels):
+                for c in range(lo, hi):
                     acc[c] += total(x[n, c], 0, s_)
-            for c in range(channels):
+            for c in range(lo, hi):
                 mean[c] = acc[c] / m  # the first mean, mu0
                 acc[c] = 0
             for n in range(n_):
-                for c in range(channels):
+                for c in range(lo, hi):
                     s1, s2 = moments(x[n, c], 0, s_, mean[c])
                     acc[c] += s1
                     acc2[c] += s2
-            for c in range(channels):
+            for c in range(lo, hi):
                 mean[c] += acc[c] / m
                 var[c] = max(acc2[c] - acc[c] * (acc[c] / m), np.float32(0))
                 invstd[c] = np.float32(1) / np.sqrt(var[c] / m + eps)
         else:
-            for c in range(channels):
+            for c in range(lo, hi):
                 invstd[c] = np.float32(1) / np.sqrt(var[c] + eps)
         for n in range(n_):
-            for c in range(channels):
+            for c in range(lo, hi):
                 mu, scale, shift = mean[c], invstd[c] * w[c], b[c]
                 src, dst = x[n, c], out[n, c]
                 for s in range(s_):
@@ -463,29 +464,30 @@ def _build_batch_norm_backward(load, store):
     dual = lane_dual(load, load)
 
     @njit(**JIT_OPTIONS)
-    def batch_norm_backward(g, x, w, mean, stat, eps, train, gx, gw, gb, want_gx):
+    def batch_norm_backward(lo, hi, g, x, w, mean, stat, eps, train, gx, gw, gb, want_gx):
+        # channels lo..hi-1 (as batch_norm)
         n_, channels, s_ = x.shape
         m = np.float32(n_ * s_)
         inv = np.empty(channels, np.float32)
-        for c in range(channels):
+        for c in range(lo, hi):
             inv[c] = stat[c] if train else np.float32(1) / np.sqrt(stat[c] + eps)
             gb[c] = 0
             gw[c] = 0  # holds sum(g * (x - mean)) until the end
         for n in range(n_):
-            for c in range(channels):
+            for c in range(lo, hi):
                 p_g, p_gxc = dual(g[n, c], x[n, c], 0, s_, mean[c])
                 gb[c] += p_g
                 gw[c] += p_gxc
         if want_gx:
             for n in range(n_):
-                for c in range(channels):
+                for c in range(lo, hi):
                     mu, scale = mean[c], inv[c] * w[c]
                     g_mean = gb[c] / m if train else np.float32(0)
                     k = gw[c] * inv[c] * inv[c] / m if train else np.float32(0)
                     gr, xr, dst = g[n, c], x[n, c], gx[n, c]
                     for s in range(s_):
                         dst[s] = store((load(gr[s]) - g_mean - (load(xr[s]) - mu) * k) * scale)
-        for c in range(channels):
+        for c in range(lo, hi):
             gw[c] *= inv[c]
 
     return batch_norm_backward
@@ -516,8 +518,9 @@ def batch_norm(input, weight, bias, running_mean, running_var, training, momentu
     invstd = T.empty((channels,), F32)
     if x.numel():
         kernel = kernel_for(_build_batch_norm, _code(x.dtype), _code(out_stage.dtype))
-        kernel(_ncs(x), w._nd, b._nd, _ncs(out_stage), mean._nd, var._nd, invstd._nd,
-               np.float32(eps), use_batch_stats)
+        workers.share_rows(kernel, channels, x.numel(), [
+            _ncs(x), w._nd, b._nd, _ncs(out_stage), mean._nd, var._nd, invstd._nd,
+            np.float32(eps), use_batch_stats])
         core.launch("vector", x.numel(), (3 if use_batch_stats else 2) * x._nd.nbytes)
     finish(out, out_stage)
     if not use_batch_stats:  # evaluation: CPU returns empty statistics
@@ -592,9 +595,10 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
     if x.numel():
         kernel = kernel_for(_build_batch_norm_backward, _code(x.dtype),
                             _code(gx_stage.dtype if output_mask[0] else x.dtype))
-        kernel(_ncs(g), _ncs(x), w._nd, mean._nd, stat._nd, np.float32(eps), use_batch_stats,
-               _ncs(gx_stage) if output_mask[0] else np.empty((0, 0, 0), x._nd.dtype),
-               gw._nd, gb._nd, output_mask[0])
+        workers.share_rows(kernel, channels, x.numel(), [
+            _ncs(g), _ncs(x), w._nd, mean._nd, stat._nd, np.float32(eps), use_batch_stats,
+            _ncs(gx_stage) if output_mask[0] else np.empty((0, 0, 0), x._nd.dtype),
+            gw._nd, gb._nd, output_mask[0]])
         core.launch("vector", x.numel(), 3 * x._nd.nbytes)
     else:
         gw._nd[...], gb._nd[...] = 0, 0
