@@ -55,7 +55,10 @@ def _scan(op, x, dim, dtype, mode):
     compute = "f32" if out_dtype.is_floating_point else "int"
     k = R.kernel("scan", x.dtype, out_dtype, compute, op, exact=True)
     dstarts, dstride = _dest(out, dims[0] if dims else 0)
-    R.launch(k, x, dims, [out], dstarts, dstride, mode)
+    r, src, dst = R.rows(x, dims), R.flat(x), out._nd.reshape(-1)
+    R.by_rows(lambda lo, hi: k(src, x.storage_offset(), r.starts[lo:hi], r.steps, r.stride, r.n,
+                               dst, dstarts[lo:hi], dstride, mode), r, x.numel())
+    core.launch("vector", x.numel(), x._nd.nbytes + dst.nbytes)
     if out_dtype == torch.int64:
         numerics.wrap_int64(out._nd, "cumsum" if mode == CUMSUM else "cumprod")
     return out
