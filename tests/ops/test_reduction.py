@@ -165,6 +165,11 @@ def test_cumsum_cumprod(dtype, seed):
     check_op(lambda t: t.cumsum(-2), x.t())
     check_op(lambda t: t.cumprod(0), x[:, ::2])
     check_op(lambda t: t.cumsum(0, dtype=torch.float32), x)
+    big = torch.randn(600, 700).to(dtype).to("neuron")  # rows shared between cores
+    for dim in (1, 0):
+        whole = big.cumsum(dim).cpu()
+        alone = [row.cumsum(0).cpu() for row in big.unbind(1 - dim)]  # one row at a time
+        assert torch.equal(whole, torch.stack(alone, 1 - dim))
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
