@@ -1,17 +1,20 @@
 """Ops at the sizes models use, neuron plain eager vs torch CPU, side by side in one run.
 
-    python benchmarks/model_ops.py [--backward] [--repeat 7] [NAME ...]
+    python benchmarks/model_ops.py [--backward] [--repeat 7] [--rounds 3] [NAME ...]
 
 Each op runs on ~1M-element inputs (a 1024 x 1024 matrix, an 8 x 64 x 32 x 32 or larger
 image batch, 8 heads of 256 x 64 for attention): the forward alone, or with --backward the
 forward and the gradients of every float input. Times are medians of `--repeat` runs after
-two warm-up runs (compiles excluded), neuron synchronized; NAMEs keep the rows whose name
+two warm-up runs (compiles excluded), neuron synchronized, in `--rounds` rounds that
+alternate which side goes first (this VM's speed drifts); the table gives the median of the
+rounds' medians and the range of the rounds' ratios. NAMEs keep the rows whose name
 contains one of them. The last lines list the rows furthest behind the CPU: where a model's
 time goes that adaptive eager cannot fuse away.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -98,11 +101,13 @@ def main(argv=None) -> int:
     parser.add_argument("names", nargs="*")
     parser.add_argument("--backward", action="store_true", help="forward and gradients")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     print(f"torch {torch.__version__} ({torch.get_num_threads()} threads); "
-          f"{'forward + backward' if args.backward else 'forward'}, median of {args.repeat}")
-    print(f"{'op':30s} {'torch CPU':>10s} {'neuron':>10s} {'ratio':>7s}")
+          f"{'forward + backward' if args.backward else 'forward'}, median of {args.repeat} "
+          f"in {args.rounds} rounds")
+    print(f"{'op':30s} {'torch CPU':>10s} {'neuron':>10s} {'ratio':>7s}  rounds' ratios")
     rows = []
     for name, (fn, inputs) in cases().items():
         if args.names and not any(n in name for n in args.names):
@@ -110,10 +115,16 @@ def main(argv=None) -> int:
         grads = [args.backward and x.is_floating_point() for x in inputs]
         cpu = [x.clone().requires_grad_(g) for x, g in zip(inputs, grads)]
         dev = [x.to("neuron").requires_grad_(g) for x, g in zip(inputs, grads)]
-        c = median_ms(fn, cpu, args.backward, args.repeat)
-        n = median_ms(fn, dev, args.backward, args.repeat)
+        cs, ns = [], []
+        for k in range(args.rounds):
+            sides = [(cs, cpu), (ns, dev)][::1 if k % 2 == 0 else -1]
+            for times, inputs in sides:
+                times.append(median_ms(fn, inputs, args.backward, args.repeat))
+        ratios = sorted(n / c for c, n in zip(cs, ns))
+        c, n = statistics.median(cs), statistics.median(ns)
         rows.append((n / c, name))
-        print(f"{name:30s} {c:8.3f}ms {n:8.3f}ms {n / c:6.2f}x", flush=True)
+        print(f"{name:30s} {c:8.3f}ms {n:8.3f}ms {n / c:6.2f}x  "
+              f"{ratios[0]:.2f}-{ratios[-1]:.2f}x", flush=True)
     behind = sorted(rows, reverse=True)[:5]
     print("furthest behind: " + ", ".join(f"{name} {r:.2f}x" for r, name in behind))
     return 0
