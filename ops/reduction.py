@@ -406,8 +406,17 @@ def var_kernel(src, base, starts, steps, stride, n, var_out, mean_out, dof, take
         mean_out[r] = store(mu0 + s1 / count)
 
 
+def ordered_kernel(partials, out, mean, divisor):
+    """out[0] = the block sums added in order from 0 (Note [Blocks side by side])."""
+    total = cast(0)
+    for b in range(partials.size):
+        total += partials[b]
+    out[0] = store(total / divisor) if mean else store(total)
+
+
 FAMILIES = {"sum": sum_kernel, "extreme": extreme_kernel, "var": var_kernel,
-            "extreme_values": extreme_values_kernel}  # (and scan.py's, folds.py's)
+            "extreme_values": extreme_values_kernel, "ordered": ordered_kernel}  # (and
+# scan.py's, folds.py's)
 
 
 # -- sum, mean ----------------------------------------------------------------------------
@@ -442,11 +451,40 @@ def _sum(op, x, dim, keepdim, dtype, mean=False):
         k(src, base, r.starts[lo:hi], r.steps, r.stride, r.n, vals[lo:hi], mean, kind(n), lanes,
           total, r.run)
 
-    by_rows(run, r, x.numel())
+    if r.starts.size == 1 and not r.steps.size and n >= 2 * SUM_BLOCK and \
+            x.numel() >= workers.SPLIT_MIN and not config.stochastic_rounding:
+        _blocks_side_by_side(x, r, op, compute, vals, out_dtype, mean)
+    else:
+        by_rows(run, r, x.numel())
     core.launch("vector", x.numel(), x._nd.nbytes + vals.nbytes)
     if out_dtype == torch.int64:
         numerics.wrap_int64(out._nd, "sum")
     return out
+
+
+# Note [Blocks side by side]
+# A whole-tensor sum is one row: its blocks of SUM_BLOCK (Note [Sum order]) are summed one
+# after another, each from 0, and the block sums added in order. The block sums do not
+# depend on each other, so a long row's are computed a share per core (each block read as a
+# row of its own, its sum kept in fp32, or int64) and then added in order on one core: the
+# same additions, so the same bits. `x.sum()` of 1M fp32 ran on one core.
+def _blocks_side_by_side(x, r: Rows, op, compute: str, vals, out_dtype, mean: bool) -> None:
+    kind = _CAST[compute]
+    wide = torch.float32 if compute == "f32" else torch.int64
+    block_sum = kernel("sum", x.dtype, wide, compute, op, exact=True)
+    src, base, n = flat(x), x.storage_offset(), r.n
+    whole = n // SUM_BLOCK
+    starts = r.starts[0] + np.arange(whole + 1, dtype=np.int64) * (SUM_BLOCK * r.stride)
+    partials = np.empty(whole + (n % SUM_BLOCK > 0), kind)
+
+    def blocks(lo, hi, length=SUM_BLOCK):
+        block_sum(src, base, starts[lo:hi], r.steps, r.stride, length, partials[lo:hi], False,
+                  kind(1), np.empty(SUM_LANES, kind), _NO_SCRATCH[compute], 0)
+
+    workers.share_rows(blocks, whole, x.numel(), [])
+    if n % SUM_BLOCK:
+        blocks(whole, whole + 1, n % SUM_BLOCK)
+    kernel("ordered", x.dtype, out_dtype, compute, op, exact=True)(partials, vals, mean, kind(n))
 
 
 @register(aten.sum.default)

@@ -348,6 +348,17 @@ def test_sums_add_in_the_lane_order(layout, n, seed):
         assert not np.array_equal(one_chain, ref)  # else the test could not see the order
 
 
+def test_whole_tensor_sums_add_their_blocks_in_order(seed):
+    # long enough that its blocks are summed a share per core (Note [Blocks side by side] in
+    # ops/reduction.py), with a partial last block
+    n = 70 * 4096 + 300
+    x = torch.randn(n) * 10 ** (6 * torch.rand(n) - 3)
+    ref = _lane_sums(x.numpy()[None])[0]
+    assert x.to("neuron").sum().item() == ref
+    assert torch.equal(x.to("neuron").mean().cpu(), torch.tensor(ref / np.float32(n)))
+    assert x.to("neuron").reshape(10, -1).sum().item() == ref  # (the same one row)
+
+
 def test_sums_over_contiguous_runs_add_in_the_lane_order(seed):
     # dims (0, 2) of (3, 32, 8320): each row is 3 contiguous runs (a multiple of 64 long),
     # read run by run; a block of 4096 ends inside a run
