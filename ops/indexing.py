@@ -19,7 +19,7 @@ from torch._decomp import decomposition_table
 from neuron_eager.device_sim import core
 from neuron_eager.ops import _compat
 from neuron_eager.ops import elementwise as E
-from neuron_eager.ops import kernelgen, numerics
+from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops.meta import in_cpu_words
 from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
@@ -324,10 +324,27 @@ def put_reduce(acc: NeuronTensor, src: NeuronTensor, dim: int, idx: NeuronTensor
         return
     compute = numerics.compute_type(acc.dtype)
     kernel = _reducer(op, numerics.CODE[src.dtype], numerics.CODE[acc.dtype], compute)
-    launch4(kernel, [flat(acc, raw=False), flat(src, raw=False), flat(idx, raw=False)], shape,
-            [_zero_dim(acc.stride(), dim), sstrides, istrides], acc.stride(dim), acc.shape[dim],
-            numerics.scalar_for(alpha, compute), skip)
+    arrays = [flat(acc, raw=False), flat(src, raw=False), flat(idx, raw=False)]
+    strides = [_zero_dim(acc.stride(), dim), sstrides, istrides]
+    extra = (acc.stride(dim), acc.shape[dim], numerics.scalar_for(alpha, compute), skip)
+    if _rows_apart(acc, src, idx, dim, shape):
+        def rows(lo, hi):
+            launch4(kernel, [a[lo * st[0]:] for a, st in zip(arrays, strides)],
+                    [hi - lo, *shape[1:]], strides, *extra)
+
+        workers.split_rows(rows, shape[0], [])
+    else:
+        launch4(kernel, arrays, shape, strides, *extra)
     core.launch("gpsimd", T.numel(shape), 3 * T.numel(shape) * acc.element_size())
+
+
+def _rows_apart(acc, src, idx, dim: int, shape) -> bool:
+    """Whether a large put_reduce may run a share of its first dim per core: that dim is one
+    of acc's own (not the one indexed), and acc is contiguous and shares no memory with the
+    operands, so each share updates only its own rows of acc, in the order it would alone."""
+    return (dim != 0 and len(shape) > 1 and shape[0] > 1 and T.numel(shape) >= workers.SPLIT_MIN
+            and type(src) is NeuronTensor and acc.is_contiguous()
+            and src._storage is not acc._storage and idx._storage is not acc._storage)
 
 
 def accumulator(x: NeuronTensor) -> NeuronTensor:

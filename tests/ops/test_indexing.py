@@ -94,6 +94,26 @@ def test_scatter_reduce(reduce, include_self, seed):
              xi, idx, si)
 
 
+def test_large_scatters_shared_between_cores_keep_each_rows_order(monkeypatch):
+    # a share of rows per core (ops/indexing.py _rows_apart): the same bits as one core,
+    # for every reduction and index_add along dim 1
+    from neuron_eager.ops import workers
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 700, generator=g).to(NEURON)
+    idx = torch.randint(0, 700, (600, 500), generator=g).to(NEURON)
+    src = (torch.randn(600, 500, generator=g) * 1e3).to(NEURON)
+    rows = torch.randint(0, 700, (500,), generator=g).to(NEURON)
+    ops = [lambda: x.scatter_add(1, idx, src), lambda: x.index_add(1, rows, src, alpha=0.5)]
+    ops += [lambda r=r: x.scatter_reduce(1, idx, src, r) for r in ("sum", "prod", "amax", "mean")]
+    shared = [op().cpu() for op in ops]
+    monkeypatch.setattr(workers, "SPLIT_MIN", 1 << 40)
+    for op, got in zip(ops, shared):
+        alone = op().cpu()
+        assert torch.equal(got.view(torch.int32), alone.view(torch.int32))
+    torch.testing.assert_close(shared[0], x.cpu().scatter_add(1, idx.cpu(), src.cpu()))
+
+
 def test_scatter_grad(seed):
     x, src = torch.randn(3, 4, requires_grad=True), torch.randn(2, 4, requires_grad=True)
     idx = torch.tensor([[0, 1, 2, 0], [2, 0, 1, 1]])
