@@ -591,10 +591,75 @@ def numba_function_cache(folder, function_key):
     class FunctionCache(caching.FunctionCache):
         _impl_class = Impl
 
+        def __init__(self, py_func):
+            super().__init__(py_func)
+            keyed_cache_files(self)
+
         def _index_key(self, sig, codegen):
             return sig, codegen.magic_tuple(), function_key(self._py_func)
 
     return FunctionCache
+
+
+# Note [Cache files across processes]
+# Numba saves an overload by reading the function's index, naming the data file by the first
+# free serial number, writing the index and then the data. Two processes saving different
+# overloads at once (pytest-xdist's workers, two training scripts) both take serial 1: the
+# index then maps one signature to the other's machine code, which a later process loads. CI
+# saw it as "can't unbox array" (an int64 copy loop given a bool one's code); with equal
+# item sizes it would run the wrong code silently. Here a data file is named by a digest of
+# its key, written before the index names it, and the index is updated under a file lock:
+# two processes can only write the same code to the same name.
+def keyed_cache_files(cache) -> None:
+    """Give a Numba Cache (a dispatcher's `_cache`) the saving of Note [Cache files across
+    processes]."""
+    cache._cache_file.__class__ = _keyed_index_file_class()
+
+
+_keyed: list = []
+
+
+def _keyed_index_file_class():
+    if _keyed:
+        return _keyed[0]
+    import hashlib
+    import pickle
+
+    from numba.core import caching
+
+    class KeyedIndexDataCacheFile(caching.IndexDataCacheFile):
+        def save(self, key, data):
+            digest = hashlib.sha256(pickle.dumps(key)).hexdigest()[:24]
+            name = self._data_name_pattern.replace("{number:d}", digest)
+            self._save_data(name, data)
+            with _locked(self._index_path + ".lock"):
+                overloads = self._load_index()
+                overloads[key] = name
+                self._save_index(overloads)
+
+    _keyed.append(KeyedIndexDataCacheFile)
+    return KeyedIndexDataCacheFile
+
+
+class _locked:
+    """An exclusive lock on a lock file (none where fcntl is missing: Windows)."""
+
+    def __init__(self, path: str):
+        self._path, self._file = path, None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:
+            return self
+        self._file = open(self._path, "a")  # noqa: SIM115  (closed in __exit__)
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self._file is not None:
+            self._file.close()  # (closing releases the lock)
+        return False
 
 
 def unique_numba_symbols() -> None:

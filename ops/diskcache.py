@@ -26,6 +26,8 @@ import llvmlite
 import numba
 import numpy as np
 
+from neuron_eager.ops import _compat
+
 ENV = "NEURON_EAGER_CACHE_DIR"
 _fingerprint: list = []  # computed once per process
 _warned: set = set()
@@ -100,7 +102,10 @@ def load(where: Path, src: str, recipes: dict, label: str):
         written = _ensure(path, text)
         if where.name == fingerprint():
             prune_once(where)
-        return _import(path, f"neuron_eager_kernel_{digest}").kernel, written
+        kernel = _import(path, f"neuron_eager_kernel_{digest}").kernel
+        if hasattr(kernel._cache, "_cache_file"):  # (Note [Cache files across processes])
+            _compat.keyed_cache_files(kernel._cache)
+        return kernel, written
     except Exception as e:  # noqa: BLE001  (OS errors, a broken file: never fatal)
         if str(where) not in _warned:
             _warned.add(str(where))

@@ -161,3 +161,29 @@ def test_threads_sharing_a_new_cache_folder_load_whole_modules(tmp_path):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-2] == "[]" and "not usable" not in done.stderr
+
+
+def test_overloads_saved_by_two_processes_keep_their_own_code(tmp_path):
+    # Note [Cache files across processes] in ops/_compat.py: Numba named data files by the
+    # first free serial number, so two processes saving at once could map one signature to
+    # the other's code. Files are named by their key now, and the index is merged under a
+    # lock: a second "process" (another cache file object) keeps the first's entry.
+    from numba.core import caching
+
+    from neuron_eager.ops import _compat
+
+    def process():
+        cache_file = caching.IndexDataCacheFile(str(tmp_path), "kernel-1.py311", None)
+        cache_file.__class__ = _compat._keyed_index_file_class()
+        return cache_file
+
+    first, second = process(), process()
+    first.save(("int64[:]",), b"code for int64")
+    second.save(("bool[:]",), b"code for bool")
+    third = process()
+    assert third.load(("int64[:]",)) == b"code for int64"
+    assert third.load(("bool[:]",)) == b"code for bool"
+    names = {p.name for p in tmp_path.iterdir() if p.suffix == ".nbc"}
+    assert len(names) == 2 and not any(".1.nbc" in n for n in names)
+    second.save(("int64[:]",), b"code for int64")  # the same key: the same file again
+    assert {p.name for p in tmp_path.iterdir() if p.suffix == ".nbc"} == names
