@@ -18,7 +18,7 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import like_strides
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.numerics import f32_as_u32
-from neuron_eager.ops.reduction import cast, load, store  # template placeholders
+from neuron_eager.ops.reduction import cast, load, stage, store  # template placeholders
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -166,14 +166,13 @@ def _ordered_key(v, descending):
 def keysort_kernel(src, base, starts, steps, stride, n, vals, idxs, dstarts, dstride, keys,
                    descending, k):
     """sort_kernel's result for float rows of fewer than 2^32 (Note [Sorting float keys])."""
-    gathered = steps.size > 0
     packed = np.empty(n, np.uint64)
     order = np.empty(n, np.int64)
     for r in range(starts.size):
         s0, d0 = base + starts[r], dstarts[r]
+        stage(keys, src, np.uint64(s0), steps, stride, n)  # (the row as fp32 values)
         for i in range(n):
-            v = load(src[s0 + (steps[i] if gathered else i * stride)])
-            key = _ordered_key(v, descending)
+            key = _ordered_key(keys[i], descending)
             packed[i] = (np.uint64(key) << np.uint64(32)) | np.uint64(i)
         packed.sort()
         for i in range(n):
