@@ -758,8 +758,7 @@ def copy_into(dst: NeuronTensor, src: NeuronTensor) -> NeuronTensor:
         out_nd = dst._nd
         if src._storage is dst._storage:
             np.copyto(out_nd, src._nd)  # NumPy handles overlapping views
-        elif out_nd.size < transpose.MIN_ELEMENTS or not (
-                transpose.copy_transposed(dst, src) or transpose.copy_strided(dst, src)):
+        elif out_nd.size < transpose.MIN_ELEMENTS or not transpose.copy_into_rows(dst, src):
             workers.copy(out_nd, src._nd)
         core.launch("dma", dst.numel(), 2 * out_nd.nbytes)
         return dst

@@ -36,24 +36,6 @@ def _copy_tiles(lo, hi, dst, src, rows, cols, row_stride, col_stride):
                     dst[d + np.uint64(j)] = src[s + np.uint64(j) * u_cs]
 
 
-def copy_transposed(dst: T.NeuronTensor, src: T.NeuronTensor) -> bool:
-    """dst[...] = src by tiles where dst is contiguous and src a matrix (after merging dims)
-    whose rows are strided; False, copying nothing, where that does not apply."""
-    if dst._key is None or src.shape != dst.shape:
-        return False
-    shape, (_, si) = kernelgen.coalesce(tuple(dst.shape), [list(dst.stride()),
-                                                           list(src.stride())])
-    if len(shape) != 2 or si[1] == 1 or si[0] <= 0 or si[1] <= 0:
-        return False
-    rows, cols = shape
-    out = dst._nd.reshape(-1)
-    extent = T.storage_extent(shape, si, 0)
-    arr = T.nd_view(src._storage, (extent,), (1,), src.storage_offset(), src.dtype)
-    workers.share_rows(_copy_tiles, -(-rows // ROWS), out.size,
-                       [out, arr, rows, cols, si[0], si[1]])
-    return True
-
-
 # Note [Strided copies]
 # A copy of a permuted tensor whose last dim stays in place (attention's head transposes)
 # is a run of contiguous elements per outer position. NumPy's strided copy took 0.68 ms for
@@ -78,22 +60,28 @@ def _copy_runs(lo, hi, dst, src, shape, dst_strides, src_strides):
                 dst[d + np.uint64(j) * u_ds] = src[s + np.uint64(j) * u_ss]
 
 
-def copy_strided(dst: T.NeuronTensor, src: T.NeuronTensor) -> bool:
-    """dst[...] = src (same shape and dtype, storage not shared) run by run (Note [Strided
-    copies]) where dst is contiguous and the layouts merge to at most 4 dims; False, copying
-    nothing, where that does not apply."""
+def copy_into_rows(dst: T.NeuronTensor, src: T.NeuronTensor) -> bool:
+    """dst[...] = src (same shape and dtype, storage not shared) where dst is contiguous: a
+    matrix with strided rows (after merging dims) by tiles (Note [Tiled transposes]), other
+    layouts of at most 4 merged dims run by run (Note [Strided copies]); False, copying
+    nothing, where neither applies."""
     if dst._key is None or src.shape != dst.shape:
         return False
     shape, (so, si) = kernelgen.coalesce(tuple(dst.shape), [list(dst.stride()),
                                                            list(src.stride())])
     if len(shape) > 4 or min(si) < 0:
         return False
+    out = dst._nd.reshape(-1)
+    arr = T.nd_view(src._storage, (T.storage_extent(shape, si, 0),), (1,),
+                    src.storage_offset(), src.dtype)
+    if len(shape) == 2 and si[1] != 1 and min(si) > 0:
+        rows, cols = shape
+        workers.share_rows(_copy_tiles, -(-rows // ROWS), out.size,
+                           [out, arr, rows, cols, si[0], si[1]])
+        return True
     shape4, so4 = kernelgen.strided_4d(shape, so)
     si4 = kernelgen.strided_4d(shape, si)[1]
-    runs = shape4[0] * shape4[1] * shape4[2]
-    extent = T.storage_extent(shape, si, 0)
-    arr = T.nd_view(src._storage, (extent,), (1,), src.storage_offset(), src.dtype)
-    workers.share_rows(_copy_runs, runs, dst.numel(),
-                       [dst._nd.reshape(-1), arr, np.array(shape4, np.int64),
-                        np.array(so4, np.int64), np.array(si4, np.int64)])
+    workers.share_rows(_copy_runs, shape4[0] * shape4[1] * shape4[2], out.size,
+                       [out, arr, np.array(shape4, np.int64), np.array(so4, np.int64),
+                        np.array(si4, np.int64)])
     return True
