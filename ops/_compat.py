@@ -616,12 +616,8 @@ def keyed_cache_files(cache) -> None:
     cache._cache_file.__class__ = _keyed_index_file_class()
 
 
-_keyed: list = []
-
-
+@functools.cache
 def _keyed_index_file_class():
-    if _keyed:
-        return _keyed[0]
     import hashlib
     import pickle
 
@@ -637,7 +633,6 @@ def _keyed_index_file_class():
                 overloads[key] = name
                 self._save_index(overloads)
 
-    _keyed.append(KeyedIndexDataCacheFile)
     return KeyedIndexDataCacheFile
 
 
