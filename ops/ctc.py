@@ -235,3 +235,30 @@ def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths,
 
 
 ctc_loss_backward.checks_devices = True
+
+
+# Note [CTC lengths as tensors]
+# aten::ctc_loss.Tensor decomposes one way for plain tensors (lengths copied to the CPU and
+# read as int lists: CUDA takes CPU lengths this way) and another for tensor subclasses like
+# ours (reduction "mean" divides the losses by the target lengths tensor itself, so CPU
+# lengths meet neuron losses in a div and fail). This kernel takes the plain-tensor way.
+def _ctc_loss_tensor_lengths(log_probs, targets, input_lengths, target_lengths, blank=0,
+                             reduction=1, zero_infinity=False):
+    for name, lengths in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
+        if lengths.dtype.is_floating_point or lengths.dtype.is_complex or \
+                lengths.dtype == torch.bool:
+            raise RuntimeError(f"{name} must be integral")
+    return aten.ctc_loss.IntList(log_probs, targets, _lengths(input_lengths).tolist(),
+                                 _lengths(target_lengths).tolist(), blank, reduction,
+                                 zero_infinity)
+
+
+def _register_tensor_lengths() -> None:
+    from neuron_eager.ops import _compat
+
+    _compat.keep_dynamo_out(_ctc_loss_tensor_lengths)  # (called from C++ in compiled graphs)
+    _library.impl("ctc_loss.Tensor", _ctc_loss_tensor_lengths, "AutogradPrivateUse1")
+
+
+_library = torch.library.Library("aten", "IMPL")
+_register_tensor_lengths()

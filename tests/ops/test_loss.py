@@ -225,10 +225,10 @@ def test_ctc_loss(reduction, seed):
              rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("reduction", ["sum", "none"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_ctc_loss_with_lengths_on_the_cpu(reduction, seed):
-    # as on CUDA, the lengths may stay CPU tensors (only log_probs must be on the device);
-    # "mean" divides by the CPU lengths, which CUDA refuses too
+    # as on CUDA, the lengths may stay CPU tensors (only log_probs must be on the device),
+    # "mean" included: Note [CTC lengths as tensors]
     lp = torch.randn(12, 2, 6).log_softmax(2).requires_grad_()
     targets = torch.tensor([[1, 2, 2, 3], [4, 1, 0, 0]])
     in_lens, tg_lens = torch.tensor([12, 10]), torch.tensor([4, 2], dtype=torch.int32)
@@ -239,6 +239,8 @@ def test_ctc_loss_with_lengths_on_the_cpu(reduction, seed):
     with pytest.raises(RuntimeError) as ours:
         F.ctc_loss(lp.detach().to(NEURON), targets.to(NEURON), torch.tensor([13, 10]), tg_lens)
     assert str(ours.value) == str(cpu.value)
+    with pytest.raises(RuntimeError, match="input_lengths must be integral"):
+        F.ctc_loss(lp.detach().to(NEURON), targets.to(NEURON), in_lens.float(), tg_lens)
 
 
 def test_multi_margin_loss_with_a_strided_target():
