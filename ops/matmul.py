@@ -280,11 +280,16 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
     chunk whose sums are then added (sdpa's 64 heads: 128 calls -> 2). torch multiplies
     strided chunks in place (no staging copies) and uses every core torch uses.
     """
+    B1, B2, BR, M, K = a_shape
+    N, B = b_shape[-1], B1 * B2
+    if B == 1 and BR == 1 and K <= TILE_K:  # one product, one chunk: 2-D views, one call
+        torch.mm(torch.from_numpy(fa).as_strided((M, K), a_strides[3:]),
+                 torch.from_numpy(fb).as_strided((K, N), b_strides[3:]),
+                 out=torch.from_numpy(acc).view(M, N))
+        return
     acc_t = torch.from_numpy(acc)
     a = torch.from_numpy(fa).as_strided(a_shape, a_strides)
     b = torch.from_numpy(fb).as_strided(b_shape, b_strides)
-    B1, B2, BR, M, K = a_shape
-    N, B = b_shape[-1], B1 * B2
     if B == 1 and BR * (K // TILE_K) >= 4 and M * N <= BATCHED_CHUNKS_MAX_OUTPUTS:
         _batched_chunks(acc.reshape(-1), a[0, 0], b[0, 0])
         return
@@ -354,9 +359,11 @@ def _batched_chunks(acc: np.ndarray, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def _strided(flat_values: np.ndarray, shape, strides) -> np.ndarray:
+    """A read-only view (np.ndarray directly: stride_tricks.as_strided costs ~8 us a call)."""
     item = flat_values.itemsize
-    return np.lib.stride_tricks.as_strided(flat_values, shape, [s * item for s in strides],
-                                           writeable=False)
+    view = np.ndarray(shape, flat_values.dtype, flat_values, 0, [s * item for s in strides])
+    view.flags.writeable = False
+    return view
 
 
 def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
@@ -380,7 +387,8 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
         if alpha != 1:
             out *= kind(alpha)
         if use_c:
-            out += kind(beta) * _strided(fc.astype(kind, copy=False), (B1, B2, M, N), c_strides)
+            bias = _strided(fc.astype(kind, copy=False), (B1, B2, M, N), c_strides)
+            out += bias if beta == 1 else kind(beta) * bias  # (1 * C is C: no scaled copy)
     elif res.size:
         g = np.array([*dims, *a_strides, *b_strides,
                       *(c_strides if use_c else (0, 0, 0, 0)), use_c], np.int64)

@@ -129,6 +129,7 @@ def test_convolutions_on_the_bf16_units_are_exact(case, monkeypatch, seed):
     # convolution's, rounded once, forward and both gradients (Note [bf16 chunks on MKL])
     runs = []
     run = bf16_chunks.run
+    bf16_chunks.chunk_sums_are_added()  # (its once-per-process probe runs a product too)
     monkeypatch.setattr(bf16_chunks, "run", lambda *args: runs.append(1) or run(*args))
     conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d,
             5: torch.nn.functional.conv3d}[len(case["x"])]
