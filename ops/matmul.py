@@ -282,33 +282,32 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
     """
     B1, B2, BR, M, K = a_shape
     N, B = b_shape[-1], B1 * B2
-    if B == 1 and BR == 1 and K <= TILE_K:  # one product, one chunk: 2-D views, one call
-        torch.mm(torch.from_numpy(fa).as_strided((M, K), a_strides[3:]),
-                 torch.from_numpy(fb).as_strided((K, N), b_strides[3:]),
-                 out=torch.from_numpy(acc).view(M, N))
+    if B == 1:  # one product (summed over BR): 3-D views, 2-D chunks
+        a = torch.from_numpy(fa).as_strided((BR, M, K), a_strides[2:])
+        b = torch.from_numpy(fb).as_strided((BR, K, N), b_strides[2:])
+        if BR * (K // TILE_K) >= 4 and M * N <= BATCHED_CHUNKS_MAX_OUTPUTS:
+            _batched_chunks(acc.reshape(-1), a, b)
+            return
+        out = torch.from_numpy(acc).view(M, N)
+        for jr in range(BR):
+            for k0 in range(0, K, TILE_K):
+                if jr == k0 == 0:
+                    torch.mm(a[0, :, :TILE_K], b[0, :TILE_K], out=out)
+                else:
+                    out.addmm_(a[jr, :, k0:k0 + TILE_K], b[jr, k0:k0 + TILE_K])
         return
-    acc_t = torch.from_numpy(acc)
     a = torch.from_numpy(fa).as_strided(a_shape, a_strides)
     b = torch.from_numpy(fb).as_strided(b_shape, b_strides)
-    if B == 1 and BR * (K // TILE_K) >= 4 and M * N <= BATCHED_CHUNKS_MAX_OUTPUTS:
-        _batched_chunks(acc.reshape(-1), a[0, 0], b[0, 0])
-        return
-    out, part, first = acc_t.view(B, M, N), None, True
-    for jr in range(BR):  # chunk by chunk; a batch of products is one bmm per chunk
-        for k0 in range(0, K, TILE_K):
+    out, part = torch.from_numpy(acc).view(B, M, N), None
+    for jr in range(BR):  # chunk by chunk, one bmm each (bmm has no beta: the chunk sums,
+        for k0 in range(0, K, TILE_K):  # then one fp32 add each, in order)
             x = a[:, :, jr, :, k0:k0 + TILE_K].reshape(B, M, -1)
             y = b[:, :, jr, k0:k0 + TILE_K].reshape(B, -1, N)
-            if B == 1:
-                if first:
-                    torch.mm(x[0], y[0], out=out[0])
-                else:
-                    out[0].addmm_(x[0], y[0])
-            elif first:
+            if jr == k0 == 0:
                 torch.bmm(x, y, out=out)
-            else:  # (bmm has no beta: the chunk sums, then one fp32 add each, in order)
+            else:
                 part = torch.bmm(x, y) if part is None else torch.bmm(x, y, out=part)
                 out.add_(part)
-            first = False
 
 
 # Note [Batched chunks]
