@@ -296,13 +296,21 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
                 else:
                     out.addmm_(a[jr, :, k0:k0 + TILE_K], b[jr, k0:k0 + TILE_K])
         return
-    a = torch.from_numpy(fa).as_strided(a_shape, a_strides)
-    b = torch.from_numpy(fb).as_strided(b_shape, b_strides)
     out, part = torch.from_numpy(acc).view(B, M, N), None
+    if B1 == 1 or B2 == 1:  # one batch dim: 4-D views, strides kept (broadcasts too)
+        j = 1 if B1 == 1 else 0
+        a = torch.from_numpy(fa).as_strided((B, BR, M, K), (a_strides[j], *a_strides[2:]))
+        b = torch.from_numpy(fb).as_strided((B, BR, K, N), (b_strides[j], *b_strides[2:]))
+    else:  # (chunks reshaped one by one: a copy where the batch dims don't merge)
+        a5 = torch.from_numpy(fa).as_strided(a_shape, a_strides)
+        b5 = torch.from_numpy(fb).as_strided(b_shape, b_strides)
     for jr in range(BR):  # chunk by chunk, one bmm each (bmm has no beta: the chunk sums,
         for k0 in range(0, K, TILE_K):  # then one fp32 add each, in order)
-            x = a[:, :, jr, :, k0:k0 + TILE_K].reshape(B, M, -1)
-            y = b[:, :, jr, k0:k0 + TILE_K].reshape(B, -1, N)
+            if B1 == 1 or B2 == 1:
+                x, y = a[:, jr, :, k0:k0 + TILE_K], b[:, jr, k0:k0 + TILE_K]
+            else:
+                x = a5[:, :, jr, :, k0:k0 + TILE_K].reshape(B, M, -1)
+                y = b5[:, :, jr, k0:k0 + TILE_K].reshape(B, -1, N)
             if jr == k0 == 0:
                 torch.bmm(x, y, out=out)
             else:
