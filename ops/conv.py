@@ -16,8 +16,8 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops import bf16_chunks, workers
 from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.matmul import (compute_dtype, flat, gemm_values, narrow_into, raise_like_cpu,
-                                     rate, result_buffer, widen)
+from neuron_eager.ops.matmul import (blas_path, compute_dtype, flat, gemm_values, narrow_into,
+                                     raise_like_cpu, rate, result_buffer, widen)
 from neuron_eager.ops.meta import meta_outputs
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.views import decomposed, unusual_column_arguments
@@ -123,11 +123,15 @@ def col2im(lo_n, hi_n, img, cols, g):
 
 # Note [Convolution in sample blocks]
 # The columns of a whole batch are CK = C*kh*kw times the image (a 32 x 64 x 32 x 32 batch
-# under a 3x3 kernel: 75 MB), written to memory by im2col and read back by the GEMM. In
-# blocks of samples of about COLUMN_BLOCK_BYTES they stay in cache between the two, and so do
-# the gradient's columns between the GEMM and col2im. Samples are independent, so each
-# output's K-chunks and their order, and the bits, are those of the whole-batch product;
-# forward on that batch: 52 -> 38 ms.
+# under a 3x3 kernel: 75 MB; 3.7 GB at 224 x 224), written by im2col and read back by the
+# GEMM. In blocks of samples of about COLUMN_BLOCK_BYTES they stay in cache between the two,
+# and so do the gradient's columns between the GEMM and col2im. Samples are independent, and
+# the weight gradient sums over them sample by sample (its batch-reduce dim), so later
+# blocks add their chunks to the running sum (gemm_values' `accumulate`): every output keeps
+# its K-chunks and their order (Note [PSUM accumulation]). The sum inside a chunk is MKL's,
+# whose order may depend on the product's width: a result may then differ in its last bit
+# from the whole batch in one product (none did on the shapes of tests and benchmarks).
+# Forward of that batch: 52 -> 38-43 ms.
 COLUMN_BLOCK_BYTES = 8 << 20
 
 
@@ -451,9 +455,31 @@ class Conv:
         if layouts is not None:  # (out_values: fp32, a bf16 weight's compute values)
             bf16_chunks.run(layouts, None, out_values, dims, flat(grad), gs,
                             self.columns(image, bits=True), cs)
+        elif self.N > 1 and blas_path(dims, out_values.dtype.type):
+            self._weight_grad_in_blocks(out_values, widen(grad, True), (sn, sc, sl), image)
         else:
             gemm_values(out_values, dims, widen(grad, True), gs, self.columns(image), cs)
         return out_values
+
+    def _weight_grad_in_blocks(self, out_values: np.ndarray, fg: np.ndarray, grad_strides,
+                               image: NeuronTensor) -> None:
+        """weight_grad's product block of samples by block (Note [Convolution in sample
+        blocks]): the samples are the product's batch-reduce dim, each one's K-chunks in
+        turn, so later blocks add their chunks to the running sum in the same order."""
+        Og, CKg, CK, L, N = self.Og, self.CKg, self.CK, self.L, self.N
+        sn, sc, sl = grad_strides
+        _, strides = _five(image)
+        src, g = widen(image, True), self.geometry(strides)
+        nb = self.block_samples(out_values.itemsize)
+        cols = np.empty(CK * nb * L, out_values.dtype)
+        for n0 in range(0, N, nb):
+            m = min(nb, N - n0)
+            g[0] = m
+            block = cols[:CK * m * L]
+            workers.share_rows(im2col, m, block.size, [block, src[n0 * strides[0]:], g])
+            gemm_values(out_values, (1, self.G, m, Og, CKg, L), fg[n0 * sn:],
+                        (0, Og * sc, sn, sc, sl), block, (0, CKg * m * L, L, 1, m * L),
+                        accumulate=n0 > 0)
 
 
 def _bf16_plan(dims, a: NeuronTensor, a_strides, b: NeuronTensor, b_strides):

@@ -270,7 +270,7 @@ def cpu_sgemm_is_fp32() -> bool:
 
 
 def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarray, b_shape,
-               b_strides) -> None:
+               b_strides, accumulate: bool = False) -> None:
     """acc (B1, B2, M, N) = sum over BR and K-chunks of A (B1, B2, BR, M, K) @ B (.., K, N).
 
     A and B are views (element strides, 0 broadcasts) of the flat fp32 arrays fa and fb.
@@ -278,7 +278,8 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
     accumulator: the micro-kernel sums the chunk's products in fp32 registers, then adds
     that sum to acc (tests/ops/test_matmul.py checks this order); over a batch, one bmm per
     chunk whose sums are then added (sdpa's 64 heads: 128 calls -> 2). torch multiplies
-    strided chunks in place (no staging copies) and uses every core torch uses.
+    strided chunks in place (no staging copies) and uses every core torch uses. With
+    `accumulate` acc already holds a sum: the first chunk is added to it too.
     """
     B1, B2, BR, M, K = a_shape
     N, B = b_shape[-1], B1 * B2
@@ -286,12 +287,12 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
         a = torch.from_numpy(fa).as_strided((BR, M, K), a_strides[2:])
         b = torch.from_numpy(fb).as_strided((BR, K, N), b_strides[2:])
         if BR * (K // TILE_K) >= 4 and M * N <= BATCHED_CHUNKS_MAX_OUTPUTS:
-            _batched_chunks(acc.reshape(-1), a, b)
+            _batched_chunks(acc.reshape(-1), a, b, not accumulate)
             return
         out = torch.from_numpy(acc).view(M, N)
         for jr in range(BR):
             for k0 in range(0, K, TILE_K):
-                if jr == k0 == 0:
+                if jr == k0 == 0 and not accumulate:
                     torch.mm(a[0, :, :TILE_K], b[0, :TILE_K], out=out)
                 else:
                     out.addmm_(a[jr, :, k0:k0 + TILE_K], b[jr, k0:k0 + TILE_K])
@@ -311,7 +312,7 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
             else:
                 x = a5[:, :, jr, :, k0:k0 + TILE_K].reshape(B, M, -1)
                 y = b5[:, :, jr, k0:k0 + TILE_K].reshape(B, -1, N)
-            if jr == k0 == 0:
+            if jr == k0 == 0 and not accumulate:
                 torch.bmm(x, y, out=out)
             else:
                 part = torch.bmm(x, y) if part is None else torch.bmm(x, y, out=part)
@@ -343,14 +344,15 @@ def _add_in_order(acc, parts, first):
             acc[j] += parts[i, j]
 
 
-def _batched_chunks(acc: np.ndarray, a: torch.Tensor, b: torch.Tensor) -> None:
+def _batched_chunks(acc: np.ndarray, a: torch.Tensor, b: torch.Tensor,
+                    first: bool) -> None:
     """acc (M*N,) = the sum over BR and K-chunks of a (BR, M, K) @ b (BR, K, N), chunk by
-    chunk in order (Note [Batched chunks])."""
+    chunk in order (Note [Batched chunks]); the first chunk assigned, unless not `first`:
+    then added to what acc holds."""
     BR, M, K = a.shape
     N = b.shape[-1]
     whole = K // TILE_K * TILE_K
     group = max(1, BATCHED_CHUNKS_BYTES // (4 * M * N))
-    first = True
     for jr in range(BR):
         for k0 in range(0, whole, group * TILE_K):
             k1 = min(k0 + group * TILE_K, whole)
@@ -373,24 +375,34 @@ def _strided(flat_values: np.ndarray, shape, strides) -> np.ndarray:
     return view
 
 
+def blas_path(dims, kind) -> bool:
+    """Whether gemm_values computes a product of these dims in `kind` by MKL's sgemm chunk by
+    chunk (through torch). Large products do: no staging copies and no extra pass over the
+    accumulator. Unless torch's fp32 matmuls may use bf16/tf32: then the Numba kernel's
+    OpenBLAS (np.dot) computes the chunks."""
+    B1, B2, BR, M, N, K = dims
+    work = M * N * K * B1 * B2  # (_blas_gemm multiplies a batch's chunks in one bmm each)
+    return (kind is np.float32 and work >= BLAS_MIN_WORK and M > 1 and N > 1
+            and cpu_sgemm_is_fp32())
+
+
 def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
-                c_strides=(0, 0, 0, 0), alpha=1, beta=0) -> np.ndarray:
+                c_strides=(0, 0, 0, 0), alpha=1, beta=0, accumulate=False) -> np.ndarray:
     """The kernel on staged compute arrays: res (contiguous B1*B2*M*N) = beta*C + alpha*A@B.
 
     dims = (B1, B2, BR, M, N, K); strides are in elements (0 broadcasts); BR is summed.
+    With `accumulate` (where blas_path holds; no C, alpha 1) res holds a running sum that the
+    chunks are added to, as the next chunks of one product: a long K in parts.
     """
     use_c = int(fc is not None and beta != 0)  # beta == 0 ignores C, NaN included (PyTorch)
     B1, B2, BR, M, N, K = dims
     kind = res.dtype.type
-    # Large products call MKL's sgemm (through torch) per chunk with beta=1: no staging copies
-    # and no extra pass over the accumulator. Unless torch's fp32 matmuls may use bf16/tf32:
-    # then the Numba kernel's OpenBLAS (np.dot) computes the chunks.
-    work = M * N * K * B1 * B2  # (_blas_gemm multiplies a batch's chunks in one bmm each)
-    if (res.size and kind is np.float32 and work >= BLAS_MIN_WORK and M > 1 and N > 1
-            and cpu_sgemm_is_fp32()):
+    if accumulate and not (blas_path(dims, kind) and alpha == 1 and not use_c):
+        raise ValueError("gemm_values: accumulate needs the sgemm path, alpha 1 and no C")
+    if res.size and blas_path(dims, kind):
         out = res.reshape(B1, B2, M, N)
         _blas_gemm(out, fa.astype(kind, copy=False), (B1, B2, BR, M, K), a_strides,
-                   fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides)
+                   fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides, accumulate)
         if alpha != 1:
             out *= kind(alpha)
         if use_c:

@@ -122,6 +122,40 @@ def test_channels_last_inputs_give_the_cpus_result_layout(op, crop, seed):
         torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("cfg", [
+    dict(x=(5, 32, 16, 16), w=(64, 32, 3, 3), padding=1),  # (weight gradient on MKL)
+    dict(x=(5, 16, 11, 9), w=(64, 8, 3, 3), stride=2, groups=2, channels_last=True),
+    dict(x=(7, 48, 40), w=(32, 48, 5), dilation=2),  # 1-D
+])
+def test_sample_blocks_give_the_whole_batchs_results(cfg, monkeypatch, seed):
+    """Note [Convolution in sample blocks]: forward, the image gradient and the weight
+    gradient (whose later blocks add their chunks to the running sum) in blocks of two
+    samples give what the whole batch in one product gives. Small integers: every sum is
+    exact in any order, so a sample's block, offset or running sum gone wrong shows, while
+    BLAS's order inside a chunk (which may change with the block's width) does not."""
+    from neuron_eager.ops import conv as C
+
+    conv = F.conv1d if len(cfg["x"]) == 3 else F.conv2d
+    options = {k: v for k, v in cfg.items() if k not in ("x", "w", "channels_last")}
+    x, w = torch.randint(-3, 4, cfg["x"]).float(), torch.randint(-3, 4, cfg["w"]).float()
+    b = torch.randint(-3, 4, cfg["w"][:1]).float()
+    if cfg.get("channels_last"):
+        x = x.to(memory_format=torch.channels_last)
+    g = torch.randint(-3, 4, conv(x, w, **options).shape).float()
+    results = []
+    for block_bytes in (1 << 40, 1):  # the whole batch; then blocks of two samples
+        monkeypatch.setattr(C, "COLUMN_BLOCK_BYTES", block_bytes)
+        xn, wn = x.to("neuron").requires_grad_(), w.to("neuron").requires_grad_()
+        y = conv(xn, wn, b.to("neuron"), **options)
+        results.append([y, *torch.autograd.grad(y, (xn, wn), g.to("neuron"))])
+    xs, ws = x.double().requires_grad_(), w.double().requires_grad_()
+    y = conv(xs, ws, b.double(), **options)
+    exact = [y, *torch.autograd.grad(y, (xs, ws), g.double())]
+    for whole, blocked, want in zip(*results, exact):
+        assert torch.equal(whole.cpu(), blocked.cpu())
+        assert torch.equal(blocked.cpu().double(), want)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_conv_transpose(dtype, seed):
     x, w, b = _rand(2, 4, 5, 6, dtype=dtype), _rand(4, 3, 3, 3, dtype=dtype), _rand(6, dtype=dtype)
