@@ -125,6 +125,7 @@ def test_channels_last_inputs_give_the_cpus_result_layout(op, crop, seed):
 @pytest.mark.parametrize("cfg", [
     dict(x=(5, 32, 16, 16), w=(64, 32, 3, 3), padding=1),  # (weight gradient on MKL)
     dict(x=(5, 16, 11, 9), w=(64, 8, 3, 3), stride=2, groups=2, channels_last=True),
+    dict(x=(5, 64, 16, 16), w=(128, 32, 3, 3), padding=1, groups=2),  # (a batch of groups)
     dict(x=(7, 48, 40), w=(32, 48, 5), dilation=2),  # 1-D
 ])
 def test_sample_blocks_give_the_whole_batchs_results(cfg, monkeypatch, seed):
