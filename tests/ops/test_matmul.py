@@ -146,6 +146,25 @@ def test_k_chunks_of_a_batch_are_added_in_order(seed):
             assert torch.equal(got[i], torch.from_numpy(ref))
 
 
+@pytest.mark.parametrize("mkn", [(140, 1024, 170), (24, 2100, 200)])  # addmm_ / batched chunks
+def test_a_product_in_parts_accumulates_its_chunks_in_order(mkn, seed):
+    # gemm_values(..., accumulate=True), as conv's weight gradient uses it block by block: K
+    # in two parts at a chunk boundary gives the one product's chunked sum, bit for bit
+    from neuron_eager.ops.matmul import gemm_values
+
+    m, k, n = mkn
+    a, b = (t.numpy() for t in _exact_chunk_operands(m, k, n, torch.float32))
+    res = np.empty(m * n, np.float32)
+    cut = 512
+    for part, (k0, k1) in enumerate(((0, cut), (cut, k))):
+        gemm_values(res, (1, 1, 1, m, n, k1 - k0), a.reshape(-1)[k0:], (0, 0, 0, k, 1),
+                    b.reshape(-1)[k0 * n:], (0, 0, 0, n, 1), accumulate=part > 0)
+    assert np.array_equal(res.reshape(m, n), _chunked_reference(a, b))
+    with pytest.raises(ValueError, match="accumulate"):  # a product off the sgemm path
+        gemm_values(np.zeros(4, np.float32), (1, 1, 1, 2, 2, 3), a.reshape(-1), (0, 0, 0, 3, 1),
+                    b.reshape(-1), (0, 0, 0, 2, 1), accumulate=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_out_dtype_returns_the_fp32_accumulator(dtype, seed):
     # mm(..., out_dtype=torch.float32): the PSUM sums themselves, not rounded to the inputs'
