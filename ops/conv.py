@@ -379,23 +379,30 @@ class Conv:
         per_sample = max(self.CK * self.L * itemsize, 1)
         return max(1, min(self.N, max(workers.COUNT, COLUMN_BLOCK_BYTES // per_sample)))
 
-    def _forward_in_blocks(self, out_values: np.ndarray, image: NeuronTensor, w: np.ndarray,
-                           fb, bias_strides, beta) -> None:
-        """forward's fp32 product, block of samples by block (Note [Convolution in sample
-        blocks]): each block's columns, then W_g @ cols_g + bias into its samples' outputs."""
-        Og, CKg, CK, L, N, O = self.Og, self.CKg, self.CK, self.L, self.N, self.O
+    def column_blocks(self, image: NeuronTensor):
+        """(n0, m, columns of samples n0..n0+m-1 as (CK, m, L)), block of samples by block
+        (Note [Convolution in sample blocks]); a block's columns live until the next one."""
         _, strides = _five(image)
         src, g = widen(image, True), self.geometry(strides)
         kind = compute_dtype(image.dtype)
         nb = self.block_samples(np.dtype(kind).itemsize)
-        cols = np.empty(CK * nb * L, kind)
-        part = np.empty(O * nb * L, out_values.dtype) if nb > 1 else None
-        out = out_values.reshape(N, O * L)
-        for n0 in range(0, N, nb):
-            m = min(nb, N - n0)
+        cols = np.empty(self.CK * nb * self.L, kind)
+        for n0 in range(0, self.N, nb):
+            m = min(nb, self.N - n0)
             g[0] = m  # im2col sees the block as the batch (its samples side by side)
-            block = cols[:CK * m * L]
+            block = cols[:self.CK * m * self.L]
             workers.share_rows(im2col, m, block.size, [block, src[n0 * strides[0]:], g])
+            yield n0, m, block
+
+    def _forward_in_blocks(self, out_values: np.ndarray, image: NeuronTensor, w: np.ndarray,
+                           fb, bias_strides, beta) -> None:
+        """forward's fp32 product, block of samples by block: each block's columns, then
+        W_g @ cols_g + bias into its samples' outputs."""
+        Og, CKg, L, N, O = self.Og, self.CKg, self.L, self.N, self.O
+        out, part = out_values.reshape(N, O * L), None
+        for n0, m, block in self.column_blocks(image):
+            if m > 1 and part is None:
+                part = np.empty(O * m * L, out_values.dtype)  # (the first block is the largest)
             res = out[n0] if m == 1 else part[:O * m * L]  # (G, Og, m, L)
             gemm_values(res, (1, self.G, 1, Og, m * L, CKg), w, (0, Og * CKg, 0, CKg, 1),
                         block, (0, CKg * m * L, 0, m * L, 1), fb, bias_strides, 1, beta)
@@ -466,17 +473,9 @@ class Conv:
         """weight_grad's product block of samples by block (Note [Convolution in sample
         blocks]): the samples are the product's batch-reduce dim, each one's K-chunks in
         turn, so later blocks add their chunks to the running sum in the same order."""
-        Og, CKg, CK, L, N = self.Og, self.CKg, self.CK, self.L, self.N
+        Og, CKg, L = self.Og, self.CKg, self.L
         sn, sc, sl = grad_strides
-        _, strides = _five(image)
-        src, g = widen(image, True), self.geometry(strides)
-        nb = self.block_samples(out_values.itemsize)
-        cols = np.empty(CK * nb * L, out_values.dtype)
-        for n0 in range(0, N, nb):
-            m = min(nb, N - n0)
-            g[0] = m
-            block = cols[:CK * m * L]
-            workers.share_rows(im2col, m, block.size, [block, src[n0 * strides[0]:], g])
+        for n0, m, block in self.column_blocks(image):
             gemm_values(out_values, (1, self.G, m, Og, CKg, L), fg[n0 * sn:],
                         (0, Og * sc, sn, sc, sl), block, (0, CKg * m * L, L, 1, m * L),
                         accumulate=n0 > 0)
