@@ -302,16 +302,19 @@ def _blas_gemm(acc: np.ndarray, fa: np.ndarray, a_shape, a_strides, fb: np.ndarr
         j = 1 if B1 == 1 else 0
         a = torch.from_numpy(fa).as_strided((B, BR, M, K), (a_strides[j], *a_strides[2:]))
         b = torch.from_numpy(fb).as_strided((B, BR, K, N), (b_strides[j], *b_strides[2:]))
+
+        def chunk(jr, k0):
+            return a[:, jr, :, k0:k0 + TILE_K], b[:, jr, k0:k0 + TILE_K]
     else:  # (chunks reshaped one by one: a copy where the batch dims don't merge)
         a5 = torch.from_numpy(fa).as_strided(a_shape, a_strides)
         b5 = torch.from_numpy(fb).as_strided(b_shape, b_strides)
+
+        def chunk(jr, k0):
+            return (a5[:, :, jr, :, k0:k0 + TILE_K].reshape(B, M, -1),
+                    b5[:, :, jr, k0:k0 + TILE_K].reshape(B, -1, N))
     for jr in range(BR):  # chunk by chunk, one bmm each (bmm has no beta: the chunk sums,
         for k0 in range(0, K, TILE_K):  # then one fp32 add each, in order)
-            if B1 == 1 or B2 == 1:
-                x, y = a[:, jr, :, k0:k0 + TILE_K], b[:, jr, k0:k0 + TILE_K]
-            else:
-                x = a5[:, :, jr, :, k0:k0 + TILE_K].reshape(B, M, -1)
-                y = b5[:, :, jr, k0:k0 + TILE_K].reshape(B, -1, N)
+            x, y = chunk(jr, k0)
             if jr == k0 == 0 and not accumulate:
                 torch.bmm(x, y, out=out)
             else:
@@ -397,9 +400,10 @@ def gemm_values(res: np.ndarray, dims, fa, a_strides, fb, b_strides, fc=None,
     use_c = int(fc is not None and beta != 0)  # beta == 0 ignores C, NaN included (PyTorch)
     B1, B2, BR, M, N, K = dims
     kind = res.dtype.type
-    if accumulate and not (blas_path(dims, kind) and alpha == 1 and not use_c):
+    blas = blas_path(dims, kind)
+    if accumulate and not (blas and alpha == 1 and not use_c):
         raise ValueError("gemm_values: accumulate needs the sgemm path, alpha 1 and no C")
-    if res.size and blas_path(dims, kind):
+    if res.size and blas:
         out = res.reshape(B1, B2, M, N)
         _blas_gemm(out, fa.astype(kind, copy=False), (B1, B2, BR, M, K), a_strides,
                    fb.astype(kind, copy=False), (B1, B2, BR, K, N), b_strides, accumulate)
