@@ -13,8 +13,7 @@ import math
 
 import torch
 
-from neuron_eager.ops import _compat
-from neuron_eager.ops.registry import register
+from neuron_eager.ops.registry import on_autograd_key, register
 
 aten = torch.ops.aten
 
@@ -129,6 +128,4 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
                            enable_gqa=enable_gqa)
 
 
-_compat.keep_dynamo_out(_sdpa)  # (called from C++ while a compiled graph runs)
-_library = torch.library.Library("aten", "IMPL")
-_library.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
+on_autograd_key("scaled_dot_product_attention", _sdpa)

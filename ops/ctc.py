@@ -15,7 +15,7 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.matmul import narrow_into, widen
-from neuron_eager.ops.registry import register
+from neuron_eager.ops.registry import on_autograd_key, register
 
 aten = torch.ops.aten
 
@@ -253,12 +253,4 @@ def _ctc_loss_tensor_lengths(log_probs, targets, input_lengths, target_lengths, 
                                  zero_infinity)
 
 
-def _register_tensor_lengths() -> None:
-    from neuron_eager.ops import _compat
-
-    _compat.keep_dynamo_out(_ctc_loss_tensor_lengths)  # (called from C++ in compiled graphs)
-    _library.impl("ctc_loss.Tensor", _ctc_loss_tensor_lengths, "AutogradPrivateUse1")
-
-
-_library = torch.library.Library("aten", "IMPL")
-_register_tensor_lengths()
+on_autograd_key("ctc_loss.Tensor", _ctc_loss_tensor_lengths)

@@ -17,7 +17,6 @@ import torch
 from torch._decomp import decomposition_table
 
 from neuron_eager.device_sim import core
-from neuron_eager.ops import _compat
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops.meta import in_cpu_words
@@ -25,7 +24,7 @@ from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.registry import register
+from neuron_eager.ops.registry import on_autograd_key, register
 from neuron_eager.ops.unsupported import refuse_sparse_gradient
 from neuron_eager.ops.views import meta_like
 
@@ -737,6 +736,4 @@ def one_hot(x, num_classes=-1):
                                  dtype=torch.int64)
 
 
-_autograd_lib = torch.library.Library("aten", "IMPL")
-_autograd_lib.impl("one_hot", one_hot, "AutogradPrivateUse1")
-_compat.keep_dynamo_out(one_hot)  # (called from C++ while a compiled graph runs)
+on_autograd_key("one_hot", one_hot)

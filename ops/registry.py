@@ -55,12 +55,19 @@ def lookup(op: torch._ops.OpOverload) -> Callable | None:
 _autograd_library = torch.library.Library("aten", "IMPL")
 
 
+def on_autograd_key(name: str, kernel: Callable) -> None:
+    """Run the aten op `name` ("ctc_loss.Tensor") as `kernel` on neuron tensors, above
+    autograd (AutogradPrivateUse1): for CompositeImplicitAutograd ops that must decompose
+    another way than PyTorch's for tensor subclasses, or not at all."""
+    _compat.keep_dynamo_out(kernel)  # (called from C++ while a compiled graph runs)
+    _autograd_library.impl(name, kernel, "AutogradPrivateUse1")
+
+
 def before_decomposition(*ops) -> None:
     """Route the CompositeImplicitAutograd `ops` to their kernels when no graph is needed."""
     for op in ops:
         for overload in _overloads(op):
-            _autograd_library.impl(overload.name(), _below_autograd(overload),
-                                   "AutogradPrivateUse1")
+            on_autograd_key(overload.name(), _below_autograd(overload))
 
 
 def _below_autograd(op: torch._ops.OpOverload) -> Callable:
@@ -72,7 +79,6 @@ def _below_autograd(op: torch._ops.OpOverload) -> Callable:
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args, **kwargs)
 
-    _compat.keep_dynamo_out(kernel)  # (called from C++ while a compiled graph runs)
     return kernel
 
 
@@ -90,6 +96,5 @@ def around_decomposition(wrap: Callable, *ops) -> None:
                 with wrap():
                     return _op.decompose(*args, **kwargs)
 
-            _compat.keep_dynamo_out(kernel)
-            _autograd_library.impl(overload.name(), kernel, "AutogradPrivateUse1")
+            on_autograd_key(overload.name(), kernel)
 

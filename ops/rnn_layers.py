@@ -34,8 +34,9 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import core
-from neuron_eager.ops import _compat, blas_threads, rnn_kernels
+from neuron_eager.ops import blas_threads, rnn_kernels
 from neuron_eager.ops import tensor as T
+from neuron_eager.ops.registry import on_autograd_key
 
 aten = torch.ops.aten
 WHOLE_SEQUENCE = True  # off: the per-step decomposition (benchmarks/recurrent.py compares)
@@ -335,8 +336,6 @@ def _kernels(kind: str):
     return sequence, packed
 
 
-_library = torch.library.Library("aten", "IMPL")
 for _kind in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
     for _overload, _kernel in zip(("input", "data"), _kernels(_kind)):
-        _compat.keep_dynamo_out(_kernel)  # (called from C++ while a compiled graph runs)
-        _library.impl(f"{_kind}.{_overload}", _kernel, "AutogradPrivateUse1")
+        on_autograd_key(f"{_kind}.{_overload}", _kernel)
