@@ -503,7 +503,17 @@ def scalar_cast(compute: str, common: torch.dtype | None = None):
 # otherwise in a fused kernel than in plain eager's, so the sign would depend on the kernel.
 SUM_LANES = 64  # (fold_lanes spells out the levels of 64)
 SUM_BLOCK = 4096
+SUM_QUAD = 4 * SUM_LANES  # elements a lane loop adds per pass (Note [Lanes in registers])
 _QUIET_NAN = np.float32(np.nan)
+
+
+# Note [Lanes in registers]
+# The lane loop, vectorized over the 64 lanes, keeps them in memory (`lanes` might alias the
+# values, so LLVM cannot hold them in registers): each pass of 64 elements loads the lanes,
+# adds and stores them back, and the next pass waits for that store. So the loops take four
+# passes at a time: each lane adds its next four elements one after another in a register
+# (the same additions in the same order, so the same bits) and is stored once. 1M fp32 on one
+# core: 85 -> 55 us. A loop over k of four spelled-out adds unrolls the same way.
 
 
 @njit(inline="always")
@@ -560,7 +570,17 @@ def lane_sum(values, n, lanes):
         for q in range(width):
             lanes[q] = np.float32(0)
         whole = b0 + (end - b0) // SUM_LANES * SUM_LANES
-        for c0 in range(b0, whole, SUM_LANES):
+        quads = b0 + (end - b0) // SUM_QUAD * SUM_QUAD
+        for c0 in range(b0, quads, SUM_QUAD):  # (Note [Lanes in registers])
+            for q in range(width):
+                at = np.uint64(c0) + np.uint64(q)
+                acc = lanes[q]
+                acc += values[at]
+                acc += values[at + np.uint64(SUM_LANES)]
+                acc += values[at + np.uint64(2 * SUM_LANES)]
+                acc += values[at + np.uint64(3 * SUM_LANES)]
+                lanes[q] = acc
+        for c0 in range(quads, whole, SUM_LANES):
             for q in range(width):
                 lanes[q] += values[np.uint64(c0) + np.uint64(q)]
         for c in range(whole, end):
@@ -582,7 +602,17 @@ def deviation_sums(values, n, mu, lanes, lanes2):
             lanes[q] = np.float32(0)
             lanes2[q] = np.float32(0)
         whole = b0 + (end - b0) // SUM_LANES * SUM_LANES
-        for c0 in range(b0, whole, SUM_LANES):
+        quads = b0 + (end - b0) // SUM_QUAD * SUM_QUAD
+        for c0 in range(b0, quads, SUM_QUAD):  # (Note [Lanes in registers])
+            for q in range(width):
+                at = np.uint64(c0) + np.uint64(q)
+                acc, acc2 = lanes[q], lanes2[q]
+                for k in range(4):
+                    d = values[at + np.uint64(k * SUM_LANES)] - mu
+                    acc += d
+                    acc2 += d * d
+                lanes[q], lanes2[q] = acc, acc2
+        for c0 in range(quads, whole, SUM_LANES):
             for q in range(width):
                 d = values[np.uint64(c0) + np.uint64(q)] - mu
                 lanes[q] += d
@@ -628,6 +658,30 @@ def row_extreme(values, n, want_max):
                 if (x > m) if want_max else (x < m):
                     m = x
     return m
+
+
+@njit(inline="always")
+def first_equal(values, n, m):
+    """The index of the first of values[0:n] equal to m (the first NaN when m is NaN), which
+    must be there. Groups of SUM_LANES are tested whole (a vectorized test) before one is
+    searched element by element."""
+    nan = m != m
+    c = 0
+    while c + SUM_LANES <= n:
+        hit = False
+        for q in range(SUM_LANES):
+            v = values[np.uint64(c + q)]
+            hit |= (v != v) if nan else (v == m)
+        if hit:
+            break
+        c += SUM_LANES
+    if nan:
+        while values[c] == values[c]:
+            c += 1
+    else:
+        while values[c] != m:
+            c += 1
+    return c
 
 
 @njit(inline="always")

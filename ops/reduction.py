@@ -21,8 +21,8 @@ from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.numerics import (SUM_BLOCK, SUM_LANES, deviation_sums, fold_lanes,
-                                       lane_sum, row_extreme)
+from neuron_eager.ops.numerics import (SUM_BLOCK, SUM_LANES, SUM_QUAD, deviation_sums,
+                                       first_equal, fold_lanes, lane_sum, row_extreme)
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sourceline import warn_at_user_line
 
@@ -270,6 +270,7 @@ def sum_kernel(src, base, starts, steps, stride, n, out, mean, divisor, lanes, t
     gathered = steps.size > 0
     rows_n = starts.size
     u_stride = np.uint64(stride)
+    u_lanes = np.uint64(SUM_LANES)
     if total.size:  # side by side; rows are evenly spaced (one kept dim), lanes lane-major
         spacing = np.uint64(starts[1] - starts[0])
         u_rows = np.uint64(rows_n)
@@ -312,8 +313,28 @@ def sum_kernel(src, base, starts, steps, stride, n, out, mean, divisor, lanes, t
             whole = b0 + (end - b0) // SUM_LANES * SUM_LANES
             # a loop per layout, each vectorized over the lanes; `width` (SUM_LANES) is read
             # from the array: a constant trip count is unrolled, and the unrolled adds stay
-            # scalar (LLVM cannot tell `lanes` from `src`), a loop is vectorized
-            for c0 in range(b0, whole, SUM_LANES):
+            # scalar (LLVM cannot tell `lanes` from `src`), a loop is vectorized. Runs and
+            # unit strides take four lane groups a pass (Note [Lanes in registers]).
+            quads = b0 + (end - b0) // SUM_QUAD * SUM_QUAD if run or stride == 1 else b0
+            for c0 in range(b0, quads, SUM_QUAD):
+                if run:
+                    a0, a1 = s0 + np.uint64(steps[c0]), s0 + np.uint64(steps[c0 + SUM_LANES])
+                    a2 = s0 + np.uint64(steps[c0 + 2 * SUM_LANES])
+                    a3 = s0 + np.uint64(steps[c0 + 3 * SUM_LANES])
+                else:
+                    a0 = s0 + np.uint64(c0)
+                    a1 = a0 + u_lanes
+                    a2 = a1 + u_lanes
+                    a3 = a2 + u_lanes
+                for q in range(width):
+                    u_q = np.uint64(q)
+                    acc = lanes[q]
+                    acc += load(src[a0 + u_q])
+                    acc += load(src[a1 + u_q])
+                    acc += load(src[a2 + u_q])
+                    acc += load(src[a3 + u_q])
+                    lanes[q] = acc
+            for c0 in range(quads, whole, SUM_LANES):
                 if run:  # (a mean over (0, 2, 3) of NCHW: 14x faster than gathering)
                     at = s0 + np.uint64(steps[c0])
                     for q in range(width):
@@ -356,6 +377,22 @@ def extreme_kernel(src, base, starts, steps, stride, n, vals, idxs, want_max):
                 if (v > best) if want_max else (v < best):
                     best, at = v, i
         vals[r] = store(best)
+        idxs[r] = at
+
+
+def extreme_index_kernel(src, base, starts, steps, stride, n, vals, idxs, want_max):
+    """extreme_kernel's results for float rows, faster: each row staged in fp32, its extreme
+    found by numerics.row_extreme (vectorized), then its index as the first element equal to
+    it (the first NaN when it is NaN), where the compare-and-keep loop took it. The value
+    is that element, so a zero keeps its sign."""
+    row = np.empty(n, np.float32)
+    for r in range(starts.size):
+        stage(row, src, np.uint64(base + starts[r]), steps, stride, n)
+        # (constant flags: with want_max passed through, LLVM kept the flag's select inside
+        # row_extreme's loop and it ran 4x slower)
+        m = row_extreme(row, n, True) if want_max else row_extreme(row, n, False)
+        at = first_equal(row, n, m)
+        vals[r] = store(row[at])
         idxs[r] = at
 
 
@@ -415,6 +452,7 @@ def ordered_kernel(partials, out, mean, divisor):
 
 
 FAMILIES = {"sum": sum_kernel, "extreme": extreme_kernel, "var": var_kernel,
+            "extreme_index": extreme_index_kernel,
             "extreme_values": extreme_values_kernel, "ordered": ordered_kernel}  # (and
 # scan.py's, folds.py's)
 
@@ -523,12 +561,14 @@ def extreme(op, x, dims, keepdim, want_max, values=True, indices=True):
                                   vals[lo:hi], want_max), r, x.numel())
         core.launch("vector", x.numel(), x._nd.nbytes + vals.nbytes)
         return out, idx
-    k = kernel("extreme", x.dtype, x.dtype, compute, op)
+    k = kernel("extreme" if compute == "int" else "extreme_index", x.dtype, x.dtype, compute, op)
     n = max(T.numel(out_shape(x, dims, False)), 1)
     vals = out._nd.reshape(-1) if values else np.empty(n, T.STORAGE_DTYPE[x.dtype])
     where = idx._nd.reshape(-1) if indices else np.empty(n, np.int64)
     r = rows(x, dims)
-    k(flat(x), x.storage_offset(), r.starts, r.steps, r.stride, r.n, vals, where, want_max)
+    src, base = flat(x), x.storage_offset()
+    by_rows(lambda lo, hi: k(src, base, r.starts[lo:hi], r.steps, r.stride, r.n, vals[lo:hi],
+                             where[lo:hi], want_max), r, x.numel())
     core.launch("vector", x.numel(), x._nd.nbytes + vals.nbytes + where.nbytes)
     return out, idx
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -134,3 +135,22 @@ def corrupt(monkeypatch, op, *, scale=1.0, shift=0.0):
         return out
 
     monkeypatch.setattr(tensor_module, "_dispatcher", dispatcher)
+
+
+def lane_sums(rows: np.ndarray) -> np.ndarray:
+    """The documented order (Note [Sum order] in ops/numerics.py): blocks of 4096; element i
+    of a block goes to lane i % 64, each lane adds in order from +0 in fp32; the lanes fold
+    pairwise (lane q += lane q + h, h = 32, 16, ..., 1); the block sums add in order."""
+    rows = rows.astype(np.float32)
+    total = np.zeros(len(rows), np.float32)
+    for b0 in range(0, rows.shape[1], 4096):
+        block = rows[:, b0:b0 + 4096]
+        lanes = np.zeros((len(rows), 64), np.float32)
+        for i in range(block.shape[1]):
+            lanes[:, i % 64] += block[:, i]  # (float32 arrays: rounded at every add)
+        h = 32
+        while h:
+            lanes[:, :h] += lanes[:, h:2 * h]
+            h //= 2
+        total += lanes[:, 0]
+    return total

@@ -12,6 +12,7 @@ from numba import njit
 from neuron_eager import numerics_report
 from neuron_eager.ops import numerics
 from neuron_eager.device_sim import config
+from checks import lane_sums
 
 
 @pytest.mark.parametrize("spec", numerics_report.SPECS, ids=lambda s: s.name)
@@ -259,3 +260,24 @@ def test_float_to_int_conversions_are_the_cpus(source):
         got = x.to("neuron").long().cpu()
     assert torch.equal(got[inside], x[inside].long())
     assert (got[~inside] == -2 ** 31).all()
+
+
+@njit
+def _lane_sum_and_deviations(values, mu):
+    lanes, lanes2 = np.empty(numerics.SUM_LANES, np.float32), np.empty(numerics.SUM_LANES, np.float32)
+    return (numerics.lane_sum(values, values.size, lanes),
+            numerics.deviation_sums(values, values.size, mu, lanes, lanes2))
+
+
+@pytest.mark.parametrize("n", [7, 64, 255, 257, 1000, 2 * 4096 + 300])
+def test_row_sums_add_in_the_lane_order(n, seed):
+    # what softmax, the norms, var and logsumexp sum with (Note [Sum order]); values of
+    # mixed magnitudes, so any other order rounds otherwise
+    x = (np.random.default_rng(n).standard_normal(n) *
+         10.0 ** np.random.default_rng(n + 1).uniform(-3, 3, n)).astype(np.float32)
+    mu = np.float32(x.mean())
+    total, (s1, s2) = _lane_sum_and_deviations(x, mu)
+    d = x - mu
+    assert np.float32(total) == lane_sums(x[None])[0]
+    assert np.float32(s1) == lane_sums(d[None])[0]
+    assert np.float32(s2) == lane_sums((d * d)[None])[0]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import neuron_eager
-from checks import check_op
+from checks import check_op, lane_sums
 
 FLOATS = [torch.float32, torch.bfloat16]
 aten = torch.ops.aten
@@ -63,6 +63,37 @@ def test_max_nan_and_ties(seed):
     check_op(lambda t: t.argmin(1), x)
     check_op(lambda t: t.amax(1), x)
     check_op(torch.max, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1000, 5000])
+def test_max_of_long_rows_takes_the_first_extreme(dtype, n, seed):
+    # long rows are searched a group of 64 at a time for their extreme (numerics.first_equal):
+    # ties, NaNs and the extreme at or beside a group's edge, zeros of both signs
+    x = torch.randint(-40, 40, (12, n)).float()
+    x[0, 63] = x[0, 64] = 99.0
+    x[1, 64] = x[1, 700] = float("nan")
+    x[2, 127] = float("-nan")
+    x[3, :] = 0.0
+    x[3, ::7] = -0.0
+    x[4, :] = -0.0
+    x[4, 300] = 0.0
+    x[5, -1] = float("inf")
+    x[6, 1] = float("nan")
+    x[7, 0] = 99.0
+    x = x.to(dtype)
+    dev = x.to("neuron")
+    for fn in ("max", "min"):
+        for t, d in ((x, 1), (x.t(), 0)):
+            got, want = getattr(t.to("neuron"), fn)(d), getattr(t, fn)(d)
+            assert torch.equal(got.indices.cpu(), want.indices), fn
+            assert torch.equal(got.values.cpu().view(torch.int16 if dtype == torch.bfloat16
+                                                     else torch.int32),
+                               want.values.view(torch.int16 if dtype == torch.bfloat16
+                                                else torch.int32)), fn  # (bits: zeros' signs)
+    assert torch.equal(dev.argmax(1).cpu(), x.argmax(1))
+    assert torch.equal(dev.argmin(1).cpu(), x.argmin(1))
+    assert torch.equal(dev[8:].argmax().cpu(), x[8:].argmax())
 
 
 def test_integer_and_bool_dtypes(seed):
@@ -302,25 +333,6 @@ def test_long_rows_stay_accurate(seed):
     check_op(lambda t: t.sum(0), columns, rtol=1e-5, atol=1e-3)
 
 
-def _lane_sums(rows: np.ndarray) -> np.ndarray:
-    """The documented order (Note [Sum order] in ops/numerics.py): blocks of 4096; element i
-    of a block goes to lane i % 64, each lane adds in order from +0 in fp32; the lanes fold
-    pairwise (lane q += lane q + h, h = 32, 16, ..., 1); the block sums add in order."""
-    rows = rows.astype(np.float32)
-    total = np.zeros(len(rows), np.float32)
-    for b0 in range(0, rows.shape[1], 4096):
-        block = rows[:, b0:b0 + 4096]
-        lanes = np.zeros((len(rows), 64), np.float32)
-        for i in range(block.shape[1]):
-            lanes[:, i % 64] += block[:, i]  # (float32 arrays: rounded at every add)
-        h = 32
-        while h:
-            lanes[:, :h] += lanes[:, h:2 * h]
-            h //= 2
-        total += lanes[:, 0]
-    return total
-
-
 @pytest.mark.parametrize("layout", ["contiguous", "strided", "gathered", "by column"])
 @pytest.mark.parametrize("n", [8 * 1024 + 300, 100, 7])
 def test_sums_add_in_the_lane_order(layout, n, seed):
@@ -339,7 +351,7 @@ def test_sums_add_in_the_lane_order(layout, n, seed):
         y = x.reshape(32, 4, n // 4).transpose(1, 2).contiguous().to("neuron")
         got = y.sum((1, 2))
         rows = x.reshape(32, 4, n // 4).transpose(1, 2).reshape(32, n).numpy()
-    ref = _lane_sums(rows)
+    ref = lane_sums(rows)
     assert np.array_equal(got.cpu().numpy(), ref)
     if layout == "contiguous":
         assert torch.equal(x.to("neuron").mean(1).cpu(), torch.from_numpy(ref) / n)
@@ -353,7 +365,7 @@ def test_whole_tensor_sums_add_their_blocks_in_order(seed):
     # ops/reduction.py), with a partial last block
     n = 70 * 4096 + 300
     x = torch.randn(n) * 10 ** (6 * torch.rand(n) - 3)
-    ref = _lane_sums(x.numpy()[None])[0]
+    ref = lane_sums(x.numpy()[None])[0]
     assert x.to("neuron").sum().item() == ref
     assert torch.equal(x.to("neuron").mean().cpu(), torch.tensor(ref / np.float32(n)))
     assert x.to("neuron").reshape(10, -1).sum().item() == ref  # (the same one row)
@@ -365,7 +377,7 @@ def test_sums_over_contiguous_runs_add_in_the_lane_order(seed):
     x = torch.randn(3, 32, 8320) * 10 ** (6 * torch.rand(3, 32, 8320) - 3)
     got = x.to("neuron").sum((0, 2))
     rows = x.permute(1, 0, 2).reshape(32, -1).numpy()
-    assert np.array_equal(got.cpu().numpy(), _lane_sums(rows))
+    assert np.array_equal(got.cpu().numpy(), lane_sums(rows))
     nchw = torch.randn(4, 8, 16, 16)  # BatchNorm's statistics: same bits from any layout
     dev = nchw.to("neuron")
     assert torch.equal(dev.mean((0, 2, 3)).cpu(),
