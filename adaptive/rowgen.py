@@ -23,7 +23,7 @@ from neuron_eager.ops import tensor as T
 # again and divides. The row (a few KB) stays in cache between passes, so HBM sees x read
 # once and the result written once, where plain eager moves five tensors.
 
-SUM_BLOCK, SUM_LANES = numerics.SUM_BLOCK, numerics.SUM_LANES
+SUM_BLOCK, SUM_LANES, SUM_QUAD = numerics.SUM_BLOCK, numerics.SUM_LANES, numerics.SUM_QUAD
 
 
 def schedule(nodes) -> tuple[list[int], list[int]]:
@@ -165,7 +165,7 @@ def _np_type(out_code: str) -> str:
 
 
 def _red_step(j, node, recipes, buffered: bool, local, element, pad: str, col: str,
-              lane: str, held: set) -> str:
+              lane: str | None, held: set) -> str:
     """Inside a column loop. Buffered: the value goes to the row buffer (no carried
     dependency: LLVM vectorizes the loop; the ordered reduction runs after). Streamed (sums
     in plain-arithmetic passes): added to its lane (Note [Sum order] in ops/numerics.py);
@@ -176,6 +176,8 @@ def _red_step(j, node, recipes, buffered: bool, local, element, pad: str, col: s
     arg = local(ref) if kind == "v" else element(ref, col)
     if buffered:
         return f"{pad}buf{j}[{col}] = l{j}_0({arg})"
+    if lane is None:  # (a lane held in a register: _streamed_loops)
+        return f"{pad}acc{j} += l{j}_0({arg})"
     return f"{pad}ln{j}[{lane}] += l{j}_0({arg})"
 
 
@@ -183,8 +185,9 @@ def _streamed_loops(streamed: list, column, recipes) -> list[str]:
     """A streamed pass's loops, in the lanes of Note [Sum order] (ops/numerics.py): whole
     groups of SUM_LANES columns, one column per lane, then the rest of the block; the lanes
     are folded at the end of each block. `column(pad, col, lane)` gives the lines for one
-    column. (The lane loop runs to `width`, read from an array: a constant trip count would
-    be unrolled, and the unrolled lanes not vectorized.)"""
+    column, or with lane None, for one column of four added in turn to a lane's register.
+    (The lane loop runs to `width`, read from an array: a constant trip count would be
+    unrolled, and the unrolled lanes not vectorized.)"""
     recipes["fold_lanes"] = ("row", "fold_lanes")
     lines = [f"        t{j} = np.float32(0.0)" for j in streamed]
     lines += [f"        width = ln{streamed[0]}.size",
@@ -193,7 +196,16 @@ def _streamed_loops(streamed: list, column, recipes) -> list[str]:
               "            for q in range(width):"]
     lines += [f"                ln{j}[q] = np.float32(0.0)" for j in streamed]
     lines += [f"            whole = b0 + (end - b0) // {SUM_LANES} * {SUM_LANES}",
-              f"            for c0 in range(b0, whole, {SUM_LANES}):",
+              f"            quads = b0 + (end - b0) // {SUM_QUAD} * {SUM_QUAD}",
+              f"            for c0 in range(b0, quads, {SUM_QUAD}):",
+              "                for q in range(width):"]
+    # four lane groups a pass, each lane in a register (Note [Lanes in registers])
+    lines += [f"                    acc{j} = ln{j}[q]" for j in streamed]
+    for k in range(SUM_QUAD // SUM_LANES):
+        lines += column(" " * 20, f"np.uint64(c0) + np.uint64({k * SUM_LANES}) + np.uint64(q)",
+                        None)
+    lines += [f"                    ln{j}[q] = acc{j}" for j in streamed]
+    lines += [f"            for c0 in range(quads, whole, {SUM_LANES}):",
               "                for q in range(width):"]
     # column indices unsigned: a signed one may be negative for all LLVM knows, so it would
     # be wrapped around and every load gathered (3x slower than vector loads)
