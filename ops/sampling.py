@@ -473,6 +473,9 @@ def _fill_integers(x, start: int, span: int):
         kernel(target._nd.reshape(-1), key, counter, np.int64(start),
                np.uint64(span & 0xFFFFFFFFFFFFFFFF))
         core.launch("gpsimd", n, target._nd.nbytes)
+        if code == "i64" and not numerics.INT32_MIN <= start <= start + span - 1 <= \
+                numerics.INT32_MAX:
+            numerics.warn_int64_range(target._nd)  # (drawn past int32: ops will wrap them)
         if target is not x:
             E.copy_into(x, target)
     return x

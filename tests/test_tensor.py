@@ -433,12 +433,16 @@ def test_int64_outside_int32_warns_where_it_reaches_the_device():
         warnings.simplefilter("error")  # values that fit: no warning
         small = torch.tensor([5, -7]).to("neuron") + 1
         torch.arange(10, device="neuron")
+        torch.randint(-2 ** 31, 2 ** 31, (1000,), device="neuron")  # the whole int32 range
     assert small.cpu().tolist() == [6, -6]
     for make in (lambda: torch.tensor([2 ** 40]).to("neuron"),
                  lambda: torch.zeros(1, dtype=torch.int64, device="neuron").copy_(
                      torch.tensor([-2 ** 33])),
                  lambda: torch.arange(2 ** 33, 2 ** 33 + 4, device="neuron"),
                  lambda: torch.full((2,), 2 ** 40, device="neuron"),
+                 # drawn on the device
+                 lambda: torch.randint(2 ** 33, 2 ** 34, (4,), device="neuron"),
+                 lambda: torch.empty(8, dtype=torch.int64, device="neuron").random_(),
                  # a Python scalar becomes a 0-dim neuron tensor (scalar_tensor) first
                  lambda: torch.where(torch.tensor(True, device="neuron"), 2 ** 40, 0)):
         numerics.int64_warned = False
