@@ -19,7 +19,7 @@ import torch
 from neuron_eager.device_sim import config
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import foreach
-from neuron_eager.ops import numerics, router, views
+from neuron_eager.ops import numerics, overlap, router, views
 from neuron_eager.ops.sourceline import user_frame, warn_at_user_line
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.router import native_counter
@@ -243,6 +243,8 @@ def _record_inplace(plan, args, kwargs):
         kept = m is not None and region.memory[m][0] is storage  # the region's own reference
         if storage is None or sys.getrefcount(storage) > 3 + kept:  # d, `storage`, the arg
             return None
+        if d.get("_key") is None and not overlap.elements_apart(a.shape, a.stride()):
+            return None  # elements sharing memory (as_strided_): each write is seen by the next
     # the operands' signature from _refs keys the type check; should it refuse, the flush
     # before the eager kernel drops the inputs _refs added
     refs, raw, sig = _refs(region, operands)

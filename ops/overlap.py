@@ -17,6 +17,18 @@ def _dense(shape, stride) -> bool:
     return True
 
 
+def elements_apart(shape, stride) -> bool:
+    """Whether no two elements of a layout can share memory: taken by increasing stride,
+    each dim's stride passes the farthest element the smaller dims reach. (Conservative:
+    a few interleaved layouts that never meet answer False.)"""
+    reach = 0
+    for st, n in sorted((abs(st), n) for n, st in zip(shape, stride) if n != 1):
+        if st <= reach:
+            return False
+        reach += st * (n - 1)
+    return True
+
+
 def has_internal_overlap(t: "torch.Tensor") -> bool:
     """Whether elements of `t` share memory (an expanded view: a stride of 0 over a dim
     longer than 1)."""

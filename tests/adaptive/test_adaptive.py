@@ -364,6 +364,22 @@ def test_in_place_ops_keep_the_tensors_layout(layout):
         assert [r.stride() for r in program()] == plain  # known while still pending
 
 
+def test_in_place_ops_on_elements_sharing_memory_see_each_write():
+    # as_strided_ makes x = [[m0, m1], [m1, m2]]: add_ increments m1 twice, and x then reads
+    # the memory's values, as on the CPU ([1, 2, 2, 1])
+    def program():
+        x = torch.zeros(3, device=N)
+        x.as_strided_((2, 2), (1, 1))
+        x.add_(1)
+        x.mul_(3)
+        return x * 1
+
+    expected = both_modes(program)[0]
+    cpu = torch.zeros(3)
+    cpu.as_strided_((2, 2), (1, 1))
+    assert torch.equal(expected, (cpu.add_(1).mul_(3) * 1))
+
+
 def test_maximum_out_into_a_transposed_state_tensor():
     # the core of Adamax(foreach=False) on a transposed parameter (Note [In-place layouts])
     def program():
