@@ -8,6 +8,8 @@ kernels accumulate, then round once to the output dtype.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -153,6 +155,8 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
         else:
             start, end = float(start), float(end)
             step = (end - start) / (steps - 1)
+            if meta.dtype == torch.int64:
+                C.warn_int64_range(*[int(v) for v in (start, end) if math.isfinite(v)])
         _storer64(numerics.CODE[out.dtype])[1](out._nd, start, end, step)
         core.launch("gpsimd", out.numel(), out._nd.nbytes)
     return out

@@ -281,7 +281,7 @@ def _dense(t, shape):
 def _masked_scatter_into(out, mask, source):
     if mask.dtype != torch.bool:
         raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype "
-                           f"{mask.dtype}")
+                           f"{T.dtype_name(mask.dtype)}")
     if source.dtype != out.dtype:
         raise RuntimeError(f"masked_scatter: expected self and source to have same dtypes but got"
                            f"{T.dtype_name(out.dtype)} and {T.dtype_name(source.dtype)}")  # (sic)

@@ -392,6 +392,8 @@ def check_fits(value, dtype: torch.dtype) -> None:
             raise RuntimeError(f"value cannot be converted to type {_C_NAMES[dtype]} without "
                                f"overflow")
         return
+    if dtype == torch.int64 and not isinstance(value, float):
+        warn_int64_range(int(value))  # (stored whole, but ops compute it as int32)
     if dtype in _C_NAMES:
         info = torch.iinfo(dtype)
         # (c10 lets an integer into an unsigned type from -max, a float only from 0)

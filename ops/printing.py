@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 from torch._tensor_str import _add_suffixes, _tensor_str
+from torch.autograd import forward_ad
 
 from neuron_eager.ops import tensor as T
 
@@ -15,6 +16,8 @@ _DEFAULT_DTYPES = (torch.int64, torch.bool)
 
 def tensor_repr(t) -> str:
     prefix = "Parameter containing:\n" if getattr(t, "_is_param", False) else ""
+    # a subclass made with as_subclass prints its class's name, as on the CPU
+    head = "tensor(" if type(t) is T.NeuronTensor else f"{type(t).__name__}("
     with torch.no_grad():
         cpu = T.to_cpu(t)
     suffixes = [f"device='{t.device}'"]
@@ -28,5 +31,8 @@ def tensor_repr(t) -> str:
         suffixes.append(f"grad_fn=<{type(t.grad_fn).__name__}>")
     elif t.requires_grad:
         suffixes.append("requires_grad=True")
-    body = "[]" if t.numel() == 0 else _tensor_str(cpu, len("tensor("))
-    return prefix + _add_suffixes("tensor(" + body, suffixes, len("tensor("), False)
+    tangent = forward_ad.unpack_dual(t).tangent  # (None outside a dual level)
+    if tangent is not None:
+        suffixes.append(f"tangent={tangent}")
+    body = "[]" if t.numel() == 0 else _tensor_str(cpu, len(head))
+    return prefix + _add_suffixes(head + body, suffixes, len(head), False)

@@ -700,7 +700,9 @@ def cpu_mirror(values):
         base = copies.get(id(storage))
         if base is None:
             raw = np.frombuffer(storage.buffer, np.uint8, storage.nbytes)
-            base = copies[id(storage)] = torch.from_numpy(raw.copy())
+            # (torch's own memory, not NumPy's: an out= the CPU grows must be resizable)
+            base = copies[id(storage)] = torch.empty(storage.nbytes, dtype=torch.uint8)
+            base.copy_(torch.from_numpy(raw))  # (base.numpy() would pin its size)
         return base.view(x.dtype).as_strided(x.shape, x.stride(), x.storage_offset())
 
     return tree_map(down, values)

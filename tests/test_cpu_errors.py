@@ -66,6 +66,8 @@ ERRORS = {
     "embedding_bag first offset": lambda d: torch.nn.functional.embedding_bag(
         _t(d, [0, 1]), torch.ones(3, 2, device=d), _t(d, [1, 2])),
     "cat of 0-dim tensors": lambda d: torch.cat([_t(d, 1.), _t(d, 2.)]),
+    "cat into an input that must grow": lambda d: (lambda x: torch.cat([x, x], out=x))(
+        torch.arange(4., device=d)),
     "copy_ of another size": lambda d: torch.zeros(3, device=d).copy_(torch.ones(2, device=d)),
     "copy_ that broadcasts out": lambda d: torch.zeros(3, device=d).copy_(
         torch.ones(3, 3, device=d)),
@@ -293,6 +295,8 @@ ERRORS = {
         3, 2, memory_format=torch.preserve_format),
     "dropout of integers while training": lambda d: F.dropout(_t(d, [1, 2, 3]), 0.5, True),
     "native_dropout of bools": lambda d: torch.native_dropout(_t(d, [True, False]), 0.5, True),
+    "masked_scatter with a uint8 mask": lambda d: torch.zeros(3, device=d).masked_scatter(
+        _t(d, [1, 0, 1], dtype=torch.uint8), torch.ones(3, device=d)),
     "masked_scatter of another dtype": lambda d: torch.zeros(3, device=d).masked_scatter(
         torch.ones(3, dtype=torch.bool, device=d), torch.ones(3, device=d).bfloat16()),
     "index_copy_ past a 0-dim tensor": lambda d: torch.tensor(1.5, device=d).index_copy_(

@@ -46,7 +46,8 @@ def test_as_subclass_behaves_as_on_the_cpu(cls):
     assert back.device.type == "cpu" and type(back) in (cls, torch.Tensor)
     assert torch.equal(back.as_subclass(torch.Tensor), x)
     assert type(x.as_subclass(cls).to(N)) is type(dev)  # moved to neuron: the same class
-    assert repr(dev).startswith("tensor(") and "device='neuron:0'" in repr(dev)
+    assert repr(dev).startswith(f"{cls.__name__}([") and repr(cpu).startswith(f"{cls.__name__}([")
+    assert "device='neuron:0'" in repr(dev)
 
 
 def test_a_subclass_view_shares_memory_and_autograd():

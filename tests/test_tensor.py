@@ -97,6 +97,22 @@ def test_repr_matches_pytorch_format():
     assert f"{torch.tensor(1.23456).to('neuron'):.2f}" == "1.23"
     print(torch.randn(2, 3).to("neuron"))  # the user's first thing: must not raise
 
+    class Marked(torch.Tensor):
+        pass
+
+    marked = torch.tensor([0.5, 2.0]).as_subclass(Marked)
+    assert repr(marked.to("neuron").as_subclass(Marked)) == \
+        repr(marked)[:-1] + ", device='neuron:0')"  # "Marked([...], device=...)"
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():  # forward-mode AD: the tangent is shown, as on the CPU
+        primal, tangent = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.25])
+        assert "tangent=" in repr(fwAD.make_dual(primal, tangent))
+        want = f"{repr(primal)[:-1]}, device='neuron:0', tangent={repr(tangent)[:-1]}, " \
+               f"device='neuron:0'))"
+        got = repr(fwAD.make_dual(primal.to("neuron"), tangent.to("neuron")))
+        assert " ".join(got.split()) == " ".join(want.split())  # (wrapped at other widths)
+
 
 def test_numpy_refuses_like_cuda():
     x = torch.ones(2).to("neuron")
@@ -443,6 +459,12 @@ def test_int64_outside_int32_warns_where_it_reaches_the_device():
                  # drawn on the device
                  lambda: torch.randint(2 ** 33, 2 ** 34, (4,), device="neuron"),
                  lambda: torch.empty(8, dtype=torch.int64, device="neuron").random_(),
+                 lambda: torch.linspace(0, 2 ** 40, 3, dtype=torch.long, device="neuron"),
+                 # Python scalars stored by kernels
+                 lambda: torch.zeros(2, dtype=torch.long, device="neuron").index_fill(
+                     0, torch.tensor([0], device="neuron"), 2 ** 40),
+                 lambda: torch.zeros(2, dtype=torch.long, device="neuron").scatter(
+                     0, torch.tensor([0], device="neuron"), 2 ** 40),
                  # a Python scalar becomes a 0-dim neuron tensor (scalar_tensor) first
                  lambda: torch.where(torch.tensor(True, device="neuron"), 2 ** 40, 0)):
         numerics.int64_warned = False
