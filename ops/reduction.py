@@ -490,7 +490,7 @@ def _sum(op, x, dim, keepdim, dtype, mean=False):
           total, r.run)
 
     if r.starts.size == 1 and not r.steps.size and n >= 2 * SUM_BLOCK and \
-            x.numel() >= workers.SPLIT_MIN and not config.stochastic_rounding:
+            x.numel() >= BLOCKS_SPLIT_MIN and not config.stochastic_rounding:
         _blocks_side_by_side(x, r, op, compute, vals, out_dtype, mean)
     else:
         by_rows(run, r, x.numel())
@@ -498,6 +498,12 @@ def _sum(op, x, dim, keepdim, dtype, mean=False):
     if out_dtype == torch.int64:
         numerics.wrap_int64(out._nd, "sum")
     return out
+
+
+# Elements from which a whole-tensor sum shares its blocks between cores (Note [Blocks side by
+# side]): below, the second core's share cost more than it saved (1M fp32: 115 us shared,
+# 95 us on one core; 2M: 154 and 167).
+BLOCKS_SPLIT_MIN = 1 << 21
 
 
 # Note [Blocks side by side]

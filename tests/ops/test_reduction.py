@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import neuron_eager
+from neuron_eager.ops import reduction
 from checks import check_op, lane_sums
 
 FLOATS = [torch.float32, torch.bfloat16]
@@ -360,9 +361,11 @@ def test_sums_add_in_the_lane_order(layout, n, seed):
         assert not np.array_equal(one_chain, ref)  # else the test could not see the order
 
 
-def test_whole_tensor_sums_add_their_blocks_in_order(seed):
-    # long enough that its blocks are summed a share per core (Note [Blocks side by side] in
-    # ops/reduction.py), with a partial last block
+@pytest.mark.parametrize("shared", [True, False])
+def test_whole_tensor_sums_add_their_blocks_in_order(shared, seed, monkeypatch):
+    # its blocks summed a share per core (Note [Blocks side by side] in ops/reduction.py), or
+    # all on one core, with a partial last block
+    monkeypatch.setattr(reduction, "BLOCKS_SPLIT_MIN", 1 << 18 if shared else 1 << 40)
     n = 70 * 4096 + 300
     x = torch.randn(n) * 10 ** (6 * torch.rand(n) - 3)
     ref = lane_sums(x.numpy()[None])[0]
