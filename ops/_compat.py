@@ -130,8 +130,8 @@ def install_backward_errors(errors) -> None:
     init = hooks.__init__
 
     def __init__(self, module, user_hooks, user_pre_hooks):
-        init(self, module, [errors.guarded_hook(h) for h in user_hooks],
-             [errors.guarded_hook(h) for h in user_pre_hooks])
+        init(self, module, [errors.guarded_module_hook(h, False) for h in user_hooks],
+             [errors.guarded_module_hook(h, True) for h in user_pre_hooks])
 
     hooks.__init__ = __init__
 

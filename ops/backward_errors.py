@@ -103,6 +103,22 @@ def guarded_hook(hook):
     return run
 
 
+def guarded_module_hook(hook, pre: bool):
+    """A module's full backward (pre) hook for BackwardHook, guarded as `guarded_hook`, that
+    also checks the number of gradients it returns as BackwardHook does after it, in torch's
+    words: that check raising outside the hook aborted the process too."""
+
+    def checked(module, grads, *rest):
+        out = hook(module, grads, *rest)
+        if out is not None and len(out) != len(grads):
+            kind = "pre hook returned an invalid number of grad_output" if pre else \
+                "hook returned an invalid number of grad_input"
+            raise RuntimeError(f"Backward {kind}, got {len(out)}, but expected {len(grads)}")
+        return out
+
+    return guarded_hook(functools.wraps(hook)(checked))
+
+
 def guarded_unpack(hook):
     """A saved_tensors_hooks unpack hook (checkpoint's recomputation runs in one) whose
     exception in backward is kept and answered with a stand-in that torch refuses, so torch

@@ -65,6 +65,18 @@ def test_hooks_that_raise_in_backward(device):
             m(torch.randn(4, 3, device=device, requires_grad=True)).sum().backward()
 
 
+@pytest.mark.parametrize("device", ["cpu", NEURON])
+def test_module_hooks_returning_too_many_gradients(device):
+    # a tensor instead of a tuple: torch's own check after the hook raises, which aborted
+    # the process on neuron (Note [Hook errors in backward])
+    for register, words in (("register_full_backward_hook", "grad_input, got 4"),
+                            ("register_full_backward_pre_hook", "grad_output, got 4")):
+        m = torch.nn.Linear(3, 2).to(device)
+        getattr(m, register)(lambda mod, *grads: grads[-1][0] * 1)
+        with pytest.raises(RuntimeError, match=f"invalid number of {words}, but expected 1"):
+            m(torch.randn(4, 3, device=device, requires_grad=True)).sum().backward()
+
+
 def test_hooks_that_do_not_raise_still_change_gradients():
     x = torch.randn(5, device=NEURON, requires_grad=True)
     x.register_hook(lambda g: g * 3)
