@@ -626,10 +626,16 @@ def install() -> None:
             _ACTIONS.update({id(op): (recorder, plan) for op, plan in table.items()})
         _ACTIONS.update({id(op): (None, None) for op in foreach.FOREACH_KERNELS})
     active = True
+    if _flush_before_numerics not in config.before_numerics_change:
+        config.before_numerics_change.append(_flush_before_numerics)
     if not _installed:  # else still in the chain, under a dispatcher installed later
         _inner, _installed = T._dispatcher, True
         T.set_dispatcher(dispatch)
     T.set_pending_hook(materialize)  # stays: results of failed regions must explain
+
+
+def _flush_before_numerics() -> None:
+    flush("numerics setting changed")
 
 
 def uninstall() -> None:

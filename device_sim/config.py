@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -73,6 +74,11 @@ class Config:
     streaming_stores: bool = field(
         default_factory=lambda: _flag("NEURON_EAGER_STREAMING_STORES", True))
 
+    # Called before a _NUMERICS setting changes: adaptive eager runs what it recorded under
+    # the old one (adaptive/recording.py), as plain eager computed each op under the setting
+    # of its time.
+    before_numerics_change: ClassVar[list] = []
+
     def __setattr__(self, name, value):
         if name in _read and value != getattr(self, name):
             raise ValueError(f"neuron_eager.config.{name} was read when neuron_eager was "
@@ -81,6 +87,9 @@ class Config:
             choices, env = _CHOICES[name]
             raise ValueError(f"neuron_eager.config.{name} (environment {env}) must be one of "
                              f"{', '.join(map(repr, choices))}, not {value!r}")
+        if name in _NUMERICS and hasattr(self, name) and value != getattr(self, name):
+            for hook in self.before_numerics_change:  # (what was recorded under the old
+                hook()                                # setting runs first)
         super().__setattr__(name, value)
         if name in _NUMERICS:  # one value for kernel caches to key on
             super().__setattr__("numerics_key", tuple(getattr(self, n, None) for n in _NUMERICS))

@@ -408,6 +408,27 @@ def test_in_place_and_views_on_pending_tensors():
     both_modes(program)
 
 
+@pytest.mark.parametrize("setting, value", [("auto_cast", "all"), ("stochastic_rounding", True)])
+def test_ops_recorded_before_a_numerics_setting_changes_run_under_the_old_one(setting, value,
+                                                                               monkeypatch):
+    x = rand(64, 64)
+
+    def program():
+        y = (x * 1.000001 + 0.3333).bfloat16()  # issued under the default setting
+        monkeypatch.setattr(neuron_eager.config, setting, value)
+        try:
+            out = y * 1
+            torch.neuron.synchronize()  # (while the new setting holds)
+            return out
+        finally:
+            monkeypatch.undo()
+
+    expected = both_modes(program)[0]
+    monkeypatch.setattr(neuron_eager.config, setting, value)
+    changed = (x * 1.000001 + 0.3333).bfloat16()  # all under the new setting
+    assert not torch.equal(changed.cpu(), expected)  # else the test could not see it
+
+
 def test_writing_an_input_flushes_first():
     adaptive.enable()
     x = rand(8)
