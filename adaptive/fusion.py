@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections import Counter, deque
 from math import prod
 
-import torch
-
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
@@ -141,11 +139,10 @@ def _to_row_group(g: Group, region, j: int, in_shape: tuple) -> bool:
 
 
 def _alone(node) -> bool:
-    """Whether node makes a group of its own: a view (no kernel: its base's memory), or
-    int64 arithmetic, which plain eager computes exactly and wraps to int32 with a warning
-    (numerics.wrap_int64); op by op it warns at its line as plain eager does, where a fused
-    loop would wrap silently."""
-    return node.op is plans.VIEW or (node.dtype == torch.int64 and node.compute == "int")
+    """Whether node makes a group of its own: a view (no kernel: its base's memory). (int64
+    arithmetic, which must warn where it wraps, is not recorded: Note [int64 runs eagerly]
+    in recording.py.)"""
+    return node.op is plans.VIEW
 
 
 # Note [Smaller ops in a bigger loop]

@@ -6,6 +6,7 @@ device misbehaving quietly.
 """
 from __future__ import annotations
 
+import copyreg
 import functools
 
 import torch
@@ -296,9 +297,12 @@ def _keep_identity(old: torch.nn.Parameter, new: torch.nn.Parameter, where: str)
     # put on `old` (hooks, attributes such as _no_weight_decay) goes back on it afterwards
     pre, post = old._backward_hooks, getattr(old, "_post_accumulate_grad_hooks", None)
     attributes = dict(old.__dict__)
+    kind = type(old)
     try:
         torch.utils.swap_tensors(old, new)
     except RuntimeError as e:
+        if type(old) is not kind:  # refused after swapping the Python halves (a profiler that
+            _swap_python_halves(old, new)  # recorded shapes holds the C++ tensor): put back
         if not _identity_warned:
             _identity_warned = True
             from neuron_eager.ops.sourceline import warn_at_user_line
@@ -308,6 +312,26 @@ def _keep_identity(old: torch.nn.Parameter, new: torch.nn.Parameter, where: str)
         return new
     _restore_user_state(old, pre, post, attributes)
     return old
+
+
+def _swap_python_halves(t1, t2) -> None:
+    """Swap the class, __dict__ and slots of two tensors, as swap_tensors does before it
+    swaps their C++ tensors (so doing it again undoes it)."""
+    for name in ("__class__", "__dict__"):
+        held = getattr(t1, name)
+        setattr(t1, name, getattr(t2, name))
+        setattr(t2, name, held)
+    for slot in copyreg._slotnames(type(t1)):
+        one, two = hasattr(t1, slot), hasattr(t2, slot)
+        held = getattr(t1, slot) if one else None
+        if two:
+            setattr(t1, slot, getattr(t2, slot))
+        elif one:
+            delattr(t1, slot)
+        if one:
+            setattr(t2, slot, held)
+        elif two:
+            delattr(t2, slot)
 
 
 def _restore_user_state(p, pre, post, attributes) -> None:

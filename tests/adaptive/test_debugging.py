@@ -71,19 +71,35 @@ def test_print_and_pdb_show_eager_values_under_adaptive_eager(tmp_path):
 
 @pytest.mark.parametrize("adaptive", [False, True], ids=["plain", "adaptive"])
 def test_a_warning_raised_as_an_error_keeps_its_type(adaptive, monkeypatch):
-    """With warnings as errors (pytest -W error), a recorded op's warning surfaces at the
-    sync point as the same warning class, so `except UserWarning` catches it in both modes
-    (it came as a RuntimeError)."""
+    """With warnings as errors (pytest -W error), int64 arithmetic that wraps raises the
+    same warning class in both modes, inside the block whose filter says so (it runs
+    eagerly: Note [int64 runs eagerly]); a warning a region raises at its sync point keeps
+    its class too (it came as a RuntimeError)."""
+    from neuron_eager.adaptive import launch
     from neuron_eager.ops import numerics
 
     monkeypatch.setattr(numerics, "_wrap_warned", set())
     x = torch.full((4,), 2 ** 30, device="neuron", dtype=torch.int64)
-    with neuron_eager.adaptive_eager(adaptive), warnings.catch_warnings():
+    with neuron_eager.adaptive_eager(adaptive):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(UserWarning, match="left the int32 range"):
+                (x + 1) * 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert ((x + 1) * 4).tolist() == [4] * 4  # (wrapped; silent, as asked)
+    if not adaptive:
+        return
+    monkeypatch.setattr(launch, "_run_ops", _warning_kernel)
+    with neuron_eager.adaptive_eager(), warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(UserWarning, match="left the int32 range"):
-            for _ in range(3):
-                c = (x + 1) * 2
-            c.tolist()
+        y = torch.ones(4, device="neuron") * 2
+        with pytest.raises(UserWarning, match="simulated"):
+            y.tolist()
+
+
+def _warning_kernel(*args):
+    warnings.warn("simulated kernel warning", UserWarning)
 
 
 @pytest.mark.parametrize("leaving", [True, False])
@@ -91,22 +107,22 @@ def test_a_block_whose_pending_ops_fail_still_restores_the_mode(leaving, monkeyp
     """Entering a plain-eager block or leaving an adaptive one runs what is pending; when
     that raises (a warning as an error here), the mode is still the one the blocks ask for."""
     from neuron_eager import adaptive
-    from neuron_eager.ops import numerics
+    from neuron_eager.adaptive import launch
 
-    monkeypatch.setattr(numerics, "_wrap_warned", set())
-    x = torch.full((4,), 2 ** 30, device="neuron", dtype=torch.int64)
+    monkeypatch.setattr(launch, "_run_ops", _warning_kernel)
+    x = torch.ones(4, device="neuron")
     assert not adaptive.is_enabled()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         if leaving:
-            with pytest.raises(UserWarning, match="left the int32 range"):
+            with pytest.raises(UserWarning, match="simulated"):
                 with neuron_eager.adaptive_eager():
                     y = x * 4  # noqa: F841  (pending: runs, and warns, at the block's end)
             assert not adaptive.is_enabled()
         else:
             with neuron_eager.adaptive_eager():
                 y = x * 4  # noqa: F841
-                with pytest.raises(UserWarning, match="left the int32 range"):
+                with pytest.raises(UserWarning, match="simulated"):
                     with neuron_eager.adaptive_eager(False):
                         pytest.fail("entered")
                 assert adaptive.is_enabled()  # the outer block's mode

@@ -93,3 +93,16 @@ def test_a_parameter_held_by_a_saved_graph_moves_with_a_warning():
         lstm.to(N)
     assert all(p.device.type == "neuron" for p in lstm.parameters())
     out.sum().backward()  # the CPU graph still works on the old tensors
+
+
+def test_a_model_profiled_on_the_cpu_moves_and_runs():
+    # a profiler that recorded shapes holds the C++ tensors: torch refuses the swap after
+    # swapping the Python halves, which must be put back (the moved Linear was unusable)
+    lin = torch.nn.Linear(8, 8)
+    with torch.profiler.profile(record_shapes=True):
+        lin(torch.randn(2, 8))
+    neuron_eager.ops._compat._identity_warned = False
+    with pytest.warns(UserWarning, match="build optimizers after moving the model"):
+        lin.to(N)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(lin(x.to(N)).cpu(), lin.cpu()(x))
