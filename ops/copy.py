@@ -379,35 +379,53 @@ def _on_device_asked(op, kernel, x, *args, device=None, **kwargs):
     return kernel(x, *args, **kwargs)
 
 
+def filled_if_deterministic(t: NeuronTensor) -> NeuronTensor:
+    """A new, uninitialized tensor for the user (empty and its kin): under
+    torch.use_deterministic_algorithms(True) with torch.utils.deterministic.
+    fill_uninitialized_memory (its default) it holds NaN, or the dtype's largest value (True
+    for bools), as on the CPU and CUDA."""
+    if not (torch.are_deterministic_algorithms_enabled() and
+            torch.utils.deterministic.fill_uninitialized_memory) or not t.numel():
+        return t
+    value = float("nan") if t.dtype.is_floating_point else \
+        True if t.dtype == torch.bool else torch.iinfo(t.dtype).max
+    T.cpu_alias(t).fill_(value)  # (in place, as the CPU writes it: no int64-range warning)
+    return t
+
+
+def uninitialized_like(x, dtype=None, memory_format=None) -> NeuronTensor:
+    return T.empty(x.shape, _like_dtype(x, dtype), like_strides(x, memory_format))
+
+
 @honours_device(aten.empty_like.default)
 def empty_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return T.empty(x.shape, _like_dtype(x, dtype), like_strides(x, memory_format))
+    return filled_if_deterministic(uninitialized_like(x, dtype, memory_format))
 
 
 @honours_device(aten.zeros_like.default)
 def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return fill(empty_like(x, dtype=dtype, memory_format=memory_format), 0)
+    return fill(uninitialized_like(x, dtype, memory_format), 0)
 
 
 @honours_device(aten.ones_like.default)
 def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return fill(empty_like(x, dtype=dtype, memory_format=memory_format), 1)
+    return fill(uninitialized_like(x, dtype, memory_format), 1)
 
 
 @honours_device(aten.full_like.default)
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
               memory_format=None):
-    return fill(empty_like(x, dtype=dtype, memory_format=memory_format), fill_value)
+    return fill(uninitialized_like(x, dtype, memory_format), fill_value)
 
 
 @honours_device(aten.new_empty.default)
 def new_empty(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return T.empty(T.requested_shape(size), _like_dtype(x, dtype))
+    return filled_if_deterministic(T.empty(T.requested_shape(size), _like_dtype(x, dtype)))
 
 
 @honours_device(aten.new_empty_strided.default)
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return T.empty(size, _like_dtype(x, dtype), stride)
+    return filled_if_deterministic(T.empty(size, _like_dtype(x, dtype), stride))
 
 
 @honours_device(aten.new_zeros.default)

@@ -87,7 +87,8 @@ def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memor
     dtype = dtype or torch.get_default_dtype()
     T.check_dtype(dtype)
     C.warn_float64(dtype)
-    return T.empty(size, dtype, T.memory_format_strides(tuple(size), memory_format))
+    return C.filled_if_deterministic(
+        T.empty(size, dtype, T.memory_format_strides(tuple(size), memory_format)))
 
 
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
@@ -95,7 +96,7 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
     dtype = dtype or torch.get_default_dtype()
     T.check_dtype(dtype)
     C.warn_float64(dtype)
-    return T.empty(T.requested_shape(size), dtype, stride)
+    return C.filled_if_deterministic(T.empty(T.requested_shape(size), dtype, stride))
 
 
 def _check_layout(layout):

@@ -262,9 +262,9 @@ def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1.0 / 3, training=F
 
 # -- *_like factories (they arrive with a tensor, so through the op table) -------------------
 def _like(x, dtype, memory_format):
-    from neuron_eager.ops.copy import empty_like
+    from neuron_eager.ops.copy import uninitialized_like
 
-    return empty_like(x, dtype=dtype, memory_format=memory_format)
+    return uninitialized_like(x, dtype, memory_format)
 
 
 @honours_device(aten.rand_like.default, aten.rand_like.generator)

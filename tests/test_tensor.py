@@ -611,6 +611,26 @@ def test_clone_and_empty_like_lay_out_memory_like_aten():
                        x.expand(3, 4).clone().view(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.int64,
+                                   torch.uint8, torch.bool])
+def test_empty_tensors_are_filled_in_deterministic_mode(dtype):
+    # torch.utils.deterministic.fill_uninitialized_memory (on by default): NaN or the
+    # dtype's largest value, as the CPU fills them, so stale memory never shows
+    makers = [lambda d: torch.empty(3, 2, dtype=dtype, device=d),
+              lambda d: torch.empty_strided((3, 2), (1, 3), dtype=dtype, device=d),
+              lambda d: torch.empty_like(torch.ones(3, 2, dtype=dtype, device=d)),
+              lambda d: torch.ones(1, dtype=dtype, device=d).new_empty((3, 2))]
+    torch.ones(64, device="neuron").mul(7)  # (memory to reuse: no longer zeros)
+    torch.use_deterministic_algorithms(True)
+    try:
+        for make in makers:
+            got, want = make("neuron").cpu(), make("cpu")
+            assert torch.equal(got.isnan(), want.isnan()) if dtype.is_floating_point else \
+                torch.equal(got, want)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_copy_from_a_python_number():
     for value, dtype in [(2, torch.float32), (2.7, torch.int32), (True, torch.bfloat16)]:
         dev = torch.zeros(2, 3, dtype=dtype, device="neuron").t()
