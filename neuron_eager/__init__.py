@@ -13,7 +13,7 @@ import torch
 
 from neuron_eager.device_sim import config
 from neuron_eager.ops import _compat, backward_errors, jit, router
-from neuron_eager.ops.tensor import NOT_SHARED, NeuronOutOfMemoryError, NeuronTensor
+from neuron_eager.ops.tensor import NO_DLPACK, NOT_SHARED, NeuronOutOfMemoryError, NeuronTensor
 
 import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
 import neuron_eager.autocast  # noqa: E402,F401  (autocast kernels on AutocastPrivateUse1)
@@ -30,6 +30,7 @@ _compat.ensure_fx_tracing(NeuronTensor)
 _compat.install_accelerator_functions(_device.ACCELERATOR_FUNCTIONS)
 _compat.install_pinned_memory_shim()
 _compat.refuse_process_sharing(NeuronTensor, NOT_SHARED)
+_compat.refuse_dlpack_export(NeuronTensor, NO_DLPACK)
 _compat.install_tied_parameters_shim()
 _compat.refuse_bare_storages()  # (Note [No bare neuron storages])
 _compat.install_compile_shim()

@@ -252,6 +252,24 @@ def refuse_process_sharing(cls, message: str) -> None:
     reduction.register(cls, refuse)
 
 
+def refuse_dlpack_export(cls, message: str) -> None:
+    """torch.to_dlpack (torch.utils.dlpack.to_dlpack) exports a `cls` tensor as `message`
+    says, like its __dlpack__: the capsule torch made held a device pointer no library could
+    read."""
+    export = torch.utils.dlpack.to_dlpack
+    if getattr(export, "_neuron_wrapped", False):
+        return
+
+    @functools.wraps(export)
+    def to_dlpack(tensor):
+        if isinstance(tensor, cls):
+            raise BufferError(message)
+        return export(tensor)
+
+    to_dlpack._neuron_wrapped = True
+    torch.utils.dlpack.to_dlpack = torch.to_dlpack = to_dlpack
+
+
 _pin_lib = None
 
 

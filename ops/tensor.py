@@ -63,6 +63,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype, str(dtype))
 
 
+# (torch's own export made a capsule of a device pointer no library can read, and a tensor
+# torch could not run an op on when imported back)
+NO_DLPACK = ("neuron tensors cannot be exported through DLPack: their memory is the simulated "
+             "device's, which no other library can read. Use Tensor.cpu() to copy the tensor "
+             "to host memory first.")
+
 NOT_SHARED = (
     "neuron tensors cannot be shared with or sent to another process: each process simulates "
     "its own NeuronCore and alone holds its memory (run one process per core, as torchrun "
@@ -411,6 +417,12 @@ class NeuronTensor(torch.Tensor):
 
     def __array__(self, dtype=None, copy=None):
         return self.numpy()
+
+    def __dlpack__(self, *args, **kwargs):
+        raise BufferError(NO_DLPACK)
+
+    def __dlpack_device__(self):
+        raise BufferError(NO_DLPACK)
 
 
 # Note [torch.compile]

@@ -121,6 +121,16 @@ def test_numpy_refuses_like_cuda():
     assert x.cpu().numpy().tolist() == [1.0, 1.0]
 
 
+def test_dlpack_export_refuses_clearly():
+    # (torch's export gave a capsule of an unreadable pointer, and a broken tensor back)
+    x = torch.arange(6.0).to("neuron")
+    for export in (lambda: x.__dlpack__(), lambda: torch.from_dlpack(x),
+                   lambda: torch.utils.dlpack.to_dlpack(x)):
+        with pytest.raises(BufferError, match=r"DLPack.*Tensor.cpu\(\)"):
+            export()
+    assert torch.equal(torch.from_dlpack(x.cpu()), torch.arange(6.0))  # the way it says
+
+
 def test_views_alias_their_base():
     base = torch.zeros(4, 6).to("neuron")
     v1, v2 = base[1], base.t()[2:4]
