@@ -74,7 +74,10 @@ class Generator:
         self.manual_seed(seed)
 
     def manual_seed(self, seed: int) -> "Generator":
-        self._seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        seed = int(seed)
+        if not -(1 << 63) <= seed < 1 << 64:  # (the CPU's range and words)
+            raise ValueError("Overflow when unpacking long long")
+        self._seed = seed & 0xFFFFFFFFFFFFFFFF
         self._offset = 0
         if self._rounding_noise:
             numerics.reset_noise(self._seed)  # Note [stochastic rounding noise]

@@ -85,6 +85,20 @@ def test_manual_seed_reproduces_and_leaves_cpu_generator_alone():
     assert not torch.equal(torch.randn(100, device="neuron").cpu(), a)
 
 
+def test_seeds_take_the_cpus_range():
+    # negative seeds wrap to 64 bits as on the CPU; past the range both refuse
+    for seed in (-1, -(2 ** 63), 2 ** 64 - 1):
+        torch.manual_seed(seed)
+        torch.neuron.manual_seed(seed)
+        assert torch.neuron.initial_seed() == torch.initial_seed()
+    for seed in (2 ** 64, -(2 ** 63) - 1):
+        with pytest.raises(ValueError) as cpu:
+            torch.manual_seed(seed)
+        with pytest.raises(ValueError, match=str(cpu.value)):
+            torch.neuron.manual_seed(seed)
+    torch.manual_seed(0)
+
+
 def test_op_tracking():
     neuron_eager.clear_op_tracking()
     x = torch.ones(4, device="neuron")
