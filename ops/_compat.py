@@ -548,9 +548,18 @@ def install_profiler_hooks(on_start, on_stop, on_results, on_export) -> None:
         on_export(self, path)
         return out
 
+    init = profile.__init__
+
+    def __init__(self, *args, use_device=None, use_kineto=False, **kwargs):
+        # the legacy profiler's own mode for a PrivateUse1 device (use_kineto=False) needs C++
+        # profiler stubs a Python backend cannot register: every op logged an error. Kineto's
+        # mode is the one torch.profiler.profile uses, and works.
+        init(self, *args, use_device=use_device,
+             use_kineto=use_kineto or use_device == BACKEND, **kwargs)
+
     for name, fn in (("_start_trace", _start_trace), ("__exit__", __exit__),
                      ("_parse_kineto_results", _parse_kineto_results),
-                     ("export_chrome_trace", export_chrome_trace)):
+                     ("export_chrome_trace", export_chrome_trace), ("__init__", __init__)):
         fn._neuron = True
         fn.__doc__ = getattr(profile, name).__doc__
         setattr(profile, name, fn)

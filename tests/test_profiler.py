@@ -66,6 +66,19 @@ def test_key_averages_hold_device_time(linear_prof):
     assert "NEURON" in linear_prof.key_averages().table(sort_by="device_time_total")
 
 
+def test_the_legacy_profiler_with_use_device_neuron_records_device_time():
+    # its own PrivateUse1 mode needs C++ stubs: every op logged an error and CPU totals were
+    # garbage; it runs in Kineto's mode, as torch.profiler.profile does
+    a = torch.randn(32, 32, device="neuron")
+    (a @ a).sum().item()  # (compiled before profiling)
+    with torch.autograd.profiler.profile(use_device="neuron") as prof:
+        (a @ a).sum().item()
+    events = {e.key: e for e in prof.key_averages()}
+    assert events["aten::mm"].device_time_total > 0
+    assert all(0 <= e.cpu_time_total < 60e6 for e in events.values())
+    assert "NEURON" in prof.key_averages().table()
+
+
 def test_with_stack_still_charges_kernels_to_the_ops_that_launched_them():
     """with_stack adds Python function events (the launch's own clock read among them):
     they are not ops, so a kernel's time stays with its aten:: event."""
