@@ -257,7 +257,18 @@ def run_region(region, reason: str) -> None:
     for g in plan.groups:
         try:
             if fuse and g.spec is not None:
-                mode = _run_fused(region, values, g)
+                try:
+                    mode = _run_fused(region, values, g)
+                except torch.OutOfMemoryError:
+                    if len(g.batch) > 1:
+                        raise
+                    # (Note [Out of memory in a fused group])
+                    for j in g.nodes:
+                        values.pop(j, None)
+                    if plan.let_go is None:
+                        plan.let_go = _let_go(region, plan)
+                    _run_ops(region, values, g, plan.let_go)
+                    mode = "op by op (out of memory fused)"
             else:
                 if plan.let_go is None:
                     plan.let_go = _let_go(region, plan)
@@ -281,6 +292,14 @@ def run_region(region, reason: str) -> None:
             _give_storage(nodes, values, g.all_nodes())
         modes.append(mode)
     _remember(region, reason, plan, modes, launched, moved)
+
+
+# Note [Out of memory in a fused group]
+# A fused kernel allocates its outputs before it writes anything; when that runs out of
+# HBM, the group runs again op by op, so the ops before the one plain eager fails at take
+# effect (an in-place update is kept) and the error comes from that op, as in plain eager.
+# (Groups batched into one launch keep the error as is: a later member may follow one whose
+# kernel ran. They are small, so rarely the ones out of memory.)
 
 
 def _remember(region, reason: str, plan: Plan, modes: list, launched: int, moved: int) -> None:

@@ -3,6 +3,7 @@ op by op and free as they go; a failed region frees at once)."""
 import pytest
 import torch
 
+import neuron_eager
 from neuron_eager import adaptive
 from neuron_eager.adaptive import launch
 from neuron_eager.ops import tensor as T
@@ -79,3 +80,42 @@ def test_an_op_by_op_backward_lets_saved_activations_go_as_it_goes():
         peaks.append(torch.neuron.max_memory_allocated() - base)
     assert adaptive.stats()["unfused_ops"] > 0  # (a first sighting: op by op)
     assert peaks[1] <= peaks[0]
+
+
+def test_out_of_memory_in_a_fused_group_keeps_the_ops_before_it():
+    # Note [Out of memory in a fused group]: as in plain eager, x.add_(1) takes effect and
+    # the error comes from the op that does not fit
+    import gc
+
+    from neuron_eager.device_sim import core
+
+    hbm = core.hbm
+    source = torch.randn(512, 1024)  # 2 MiB
+
+    def attempt(adaptive_on):
+        x = source.to("neuron")
+        with neuron_eager.adaptive_eager(adaptive_on):
+            try:
+                x.add_(1)
+                y = x * 2
+                z = y + 1
+                w = z.exp()
+                (w - y).cpu()  # five 2 MiB tensors at once in plain eager: more than 8 MiB
+            except torch.OutOfMemoryError:
+                pass
+        y = z = w = None  # noqa: F841
+        gc.collect()
+        return (x.cpu() - source).mean().item()
+
+    gc.collect()
+    hbm.empty_cache()
+    old = hbm.capacity
+    hbm.set_capacity(hbm.reserved + 8 * 2**20)
+    try:
+        plain = [attempt(False) for _ in range(3)]
+        fused = [attempt(True) for _ in range(3)]  # fused from the second sighting
+    finally:
+        gc.collect()
+        hbm.empty_cache()
+        hbm.set_capacity(old)
+    assert plain == [1.0] * 3 and fused == plain
