@@ -67,16 +67,17 @@ def _let_go(region, plan: Plan) -> dict:
     return let_go
 
 
-def _run_ops(region, values, g: Group, let_go=None) -> None:
+def _run_ops(region, values, g: Group, let_go=None, nodes=None) -> None:
     """The group's ops one by one, through the normal kernels (their warnings point at the
     lines that recorded them, and so do the profiler's records of their launches). `let_go`:
-    _let_go's inputs to drop as their last readers run."""
+    _let_go's inputs to drop as their last readers run; `nodes`: only these (one member of
+    a batch: the head's all_nodes() are the whole batch's)."""
     outer, clock = replay_at(None), core.clock
     saved = clock.context
     if g.drops is None:
         g.drops = _drops(region, g)
     try:
-        for j in g.all_nodes():
+        for j in g.all_nodes() if nodes is None else nodes:
             node = region.nodes[j]
             replay_at(node.where)
             if clock.records is not None:
@@ -162,7 +163,7 @@ def _run_fused(region, values, g: Group) -> str:
             compiled += member.kernel_new
             member.kernel_new = False
         else:
-            _run_ops(region, values, member)
+            _run_ops(region, values, member, nodes=member.nodes)
     if not fused:
         return "op by op (the kernel did not compile)"
     clock = core.clock

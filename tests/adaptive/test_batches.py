@@ -57,6 +57,19 @@ def test_one_launch_for_all_parameters_same_bits():
     assert f"one launch for {len(SHAPES)} groups" in history
 
 
+def test_a_batch_whose_kernels_do_not_compile_runs_each_member_once(monkeypatch):
+    # members run op by op in turn; the head's own ops only (its all_nodes() are the whole
+    # batch's: the later members' in-place updates were applied twice)
+    from neuron_eager.adaptive import codegen
+
+    expected, _ = run(False)
+    monkeypatch.setattr(fusion, "_plans", {})
+    monkeypatch.setattr(codegen, "kernel_for", lambda *args: (codegen.FAILED, False))
+    got, _ = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert "the kernel did not compile" in adaptive.explain(1)
+
+
 def test_groups_of_different_kernels_share_one_launch():
     """Parameters with and without weight decay, a bf16 one and a row group (a sum of
     squares per row): four kinds of loop, one launch, the bits of plain eager."""
