@@ -19,7 +19,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 
 import llvmlite
@@ -27,6 +26,7 @@ import numba
 import numpy as np
 
 from neuron_eager.ops import _compat
+from neuron_eager.ops.sourceline import warn_at_user_line
 
 ENV = "NEURON_EAGER_CACHE_DIR"
 _fingerprint: list = []  # computed once per process
@@ -109,9 +109,9 @@ def load(where: Path, src: str, recipes: dict, label: str):
     except Exception as e:  # noqa: BLE001  (OS errors, a broken file: never fatal)
         if str(where) not in _warned:
             _warned.add(str(where))
-            warnings.warn(f"neuron-eager: the kernel disk cache {where} is not usable, "
-                          f"kernels compile in memory ({type(e).__name__}: {e}); set {ENV} "
-                          f"to another folder, or to 'off'", RuntimeWarning, stacklevel=3)
+            warn_at_user_line(f"neuron-eager: the kernel disk cache {where} is not usable, "
+                              f"kernels compile in memory ({type(e).__name__}: {e}); set "
+                              f"{ENV} to another folder, or to 'off'", RuntimeWarning)
         return None, False
 
 

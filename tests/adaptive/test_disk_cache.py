@@ -108,6 +108,7 @@ def test_unusable_folder_warns_once_and_compiles_in_memory(tmp_path, monkeypatch
         both_modes(lambda: torch.sigmoid(x - y) * 3)
     disk = [w for w in caught if "disk cache" in str(w.message)]
     assert len(disk) == 1, [str(w.message) for w in caught]
+    assert "/tests/" in disk[0].filename  # (the user's line, not adaptive eager's)
     stats = adaptive.stats()
     assert stats["disk_fallbacks"] == 2 and stats["compiles"] == 2 and stats["disk_hits"] == 0
 
