@@ -182,6 +182,17 @@ def test_histc_errors():
         torch.histc(torch.tensor([1.0, NAN], device="neuron"))
 
 
+def test_histc_runs_in_deterministic_mode_as_on_the_cpu(seed):
+    # (torch's meta kernel took the meta tensor for a CUDA one and refused it there)
+    x = torch.randn(100)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.equal(torch.histc(x.to("neuron"), 7).cpu(), torch.histc(x, 7))
+        assert torch.are_deterministic_algorithms_enabled()  # (and left on)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_bincount(seed):
     x = torch.randint(0, 8, (30,))
     check_op(torch.bincount, x)
