@@ -1,6 +1,6 @@
 """Adaptive eager when memory reaches a tensor without an op (`.data =`, swap_tensors, a
 module's dtype or device change): what was recorded reads the old memory, later ops the new
-one, as in plain eager (Note [Inputs are read when recorded] in adaptive/recording.py)."""
+one, as in plain eager (Note [Inputs are read when recorded] in adaptive/region.py)."""
 import warnings
 
 import pytest
