@@ -14,6 +14,7 @@ from neuron_eager.ops import numerics
 from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
+from neuron_eager.ops.meta import as_cpu_kernels
 from neuron_eager.ops.reduction import load, store  # template placeholders
 from neuron_eager.ops.registry import register
 
@@ -196,17 +197,8 @@ def histc(x, bins=100, min=0, max=0):
     if bins > 0 and float(min) > float(max):  # (before the meta kernel: its words differ)
         raise RuntimeError("torch.histc: max must be larger than min")
     meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    # CPU's errors for bad bins; the meta kernel takes a meta tensor for a CUDA one and, in
-    # deterministic mode, refuses it as nondeterministic: ours, as the CPU's, is not
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    if deterministic:
-        torch.use_deterministic_algorithms(False)
-    try:
-        aten.histc.default(meta, bins, min, max)
-    finally:
-        if deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    with as_cpu_kernels():
+        aten.histc.default(meta, bins, min, max)  # CPU's errors for bad bins
     lo, hi = float(min), float(max)
     if lo == hi and x.numel():
         lo, hi = _extrema(x)

@@ -19,7 +19,7 @@ from torch._decomp import decomposition_table
 from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
-from neuron_eager.ops.meta import in_cpu_words
+from neuron_eager.ops.meta import as_cpu_kernels, in_cpu_words
 from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
@@ -107,7 +107,8 @@ def meta_call(op, *args, **kwargs) -> Meta:
         return hit
     meta_stats["misses"] += 1
     try:
-        out = op(*_melt(args), **{k: _melt(v) for k, v in kwargs.items()})
+        with as_cpu_kernels():
+            out = op(*_melt(args), **{k: _melt(v) for k, v in kwargs.items()})
     except RuntimeError as e:  # the meta kernels print torch.Size([..]) where the CPU says [..]
         in_cpu_words(op, args, kwargs)  # (Note [Errors in the CPU's words] in ops/meta.py)
         raise type(e)(_SIZE.sub(r"\1", str(e))) from None

@@ -8,6 +8,8 @@ raises is never cached: it raises again, at the user's line.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._pytree import tree_map
 
@@ -49,7 +51,24 @@ def _run_meta(op, args, kwargs):
             return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
         return a
 
-    return op(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+    with as_cpu_kernels():
+        return op(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+
+
+@contextlib.contextmanager
+def as_cpu_kernels():
+    """Around a meta run that stands for a CPU kernel: deterministic mode off. Meta kernels
+    take a meta tensor for a CUDA one and refuse, in deterministic mode, what CUDA computes
+    nondeterministically (histc, median with indices); the CPU's kernels and ours do not."""
+    if not torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
 
 
 def _run(op, args, kwargs):

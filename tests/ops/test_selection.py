@@ -183,12 +183,20 @@ def test_histc_errors():
 
 
 def test_histc_runs_in_deterministic_mode_as_on_the_cpu(seed):
-    # (torch's meta kernel took the meta tensor for a CUDA one and refused it there)
+    # (torch's meta kernels took the meta tensor for a CUDA one and refused it there:
+    # meta.as_cpu_kernels)
     x = torch.randn(100)
     torch.use_deterministic_algorithms(True)
     try:
         assert torch.equal(torch.histc(x.to("neuron"), 7).cpu(), torch.histc(x, 7))
         assert torch.are_deterministic_algorithms_enabled()  # (and left on)
+        for median in (torch.median, torch.nanmedian):
+            got, want = median(x.reshape(10, 10).to("neuron"), 1), median(x.reshape(10, 10), 1)
+            assert torch.equal(got.values.cpu(), want.values)
+            assert torch.equal(got.indices.cpu(), want.indices)
+        with pytest.raises(RuntimeError, match="does not have a deterministic"):  # as the CPU
+            torch.nn.functional.max_unpool1d(*torch.nn.functional.max_pool1d(
+                x.reshape(1, 1, 100).to("neuron"), 2, return_indices=True), 2)
     finally:
         torch.use_deterministic_algorithms(False)
 
