@@ -97,6 +97,13 @@ def _run_ops(region, values, g: Group, let_go=None, nodes=None) -> None:
         clock.context = saved
 
 
+def _run_ops_of_plan(region, values, g: Group, plan: Plan) -> None:
+    """_run_ops for a group of a whole plan: region inputs let go of after their last reader."""
+    if plan.let_go is None:
+        plan.let_go = _let_go(region, plan)
+    _run_ops(region, values, g, plan.let_go)
+
+
 def _user_name(node) -> str:
     return "view" if node.op is plans.VIEW else E.user_name(node.op)
 
@@ -266,14 +273,10 @@ def run_region(region, reason: str) -> None:
                     # (Note [Out of memory in a fused group])
                     for j in g.nodes:
                         values.pop(j, None)
-                    if plan.let_go is None:
-                        plan.let_go = _let_go(region, plan)
-                    _run_ops(region, values, g, plan.let_go)
+                    _run_ops_of_plan(region, values, g, plan)
                     mode = "op by op (out of memory fused)"
             else:
-                if plan.let_go is None:
-                    plan.let_go = _let_go(region, plan)
-                _run_ops(region, values, g, plan.let_go)
+                _run_ops_of_plan(region, values, g, plan)
                 mode = f"op by op (sighting {plan.seen})" if g.spec is not None else "op by op"
         except BaseException as e:  # (an interrupt other than SIGINT's too: Note [Interrupts])
             modes.append(f"failed: {type(e).__name__}")

@@ -226,7 +226,8 @@ def _record_inplace(plan, args, kwargs):
     writes, and `a` becomes pending, so any read of `a` flushes (Note [In-place ops]).
     """
     a = args[0]
-    if (config.stochastic_rounding and _stochastic_rounding_on()) or type(a) is not NeuronTensor:
+    if (config.stochastic_rounding and _stochastic_rounding_on()) or type(a) is not NeuronTensor \
+            or a.dtype == torch.int64:  # (Note [int64 runs eagerly])
         return None
     op, operands, params = plan(*args, **kwargs)
     if not operands or operands[0] is not a or a.numel() == 0:
@@ -257,8 +258,6 @@ def _record_inplace(plan, args, kwargs):
     if not compute:
         return None  # the eager kernel raises
     dtype, shape = sig[0]
-    if dtype == torch.int64 and compute == "int":
-        return None  # (Note [int64 runs eagerly])
     if old is not None:
         target, old.target = old.target, None  # only the last writer writes a's memory
         old.outs = [r for r in old.outs if r() is not a]

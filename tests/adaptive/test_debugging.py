@@ -85,6 +85,9 @@ def test_a_warning_raised_as_an_error_keeps_its_type(adaptive, monkeypatch):
             warnings.simplefilter("error")
             with pytest.raises(UserWarning, match="left the int32 range"):
                 (x + 1) * 2
+            numerics._wrap_warned.clear()
+            with pytest.raises(UserWarning, match="left the int32 range"):
+                x.clone().mul_(4)  # (in place too)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert ((x + 1) * 4).tolist() == [4] * 4  # (wrapped; silent, as asked)
