@@ -57,7 +57,7 @@ def round_size(nbytes: int) -> int:
 class Block:
     """One allocation of simulated HBM: `buffer` holds its bytes."""
 
-    __slots__ = ("address", "size", "requested", "buffer", "memory", "in_use")
+    __slots__ = ("address", "size", "requested", "buffer", "memory", "in_use", "pointer")
 
     def __init__(self, address: int, size: int):
         self.address = address
@@ -69,6 +69,7 @@ class Block:
         self.memory = np.empty(size + ALIGN, dtype=np.uint8)
         start = -self.memory.ctypes.data % ALIGN
         self.buffer = self.memory[start:start + size]
+        self.pointer = self.memory.ctypes.data + start  # host address (multi-tensor kernels)
         self.in_use = False
 
     @property

@@ -17,7 +17,7 @@ import torch
 from torch._prims_common import compute_elementwise_output_strides
 
 from neuron_eager.device_sim import config, core
-from neuron_eager.ops import kernelgen, numerics, streaming, transpose, workers
+from neuron_eager.ops import jit, kernelgen, numerics, streaming, transpose, workers
 from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 
@@ -81,6 +81,7 @@ def resolve(recipe: tuple):
     """The jitted function a recipe names, for generated kernel files: ("op", name) an
     elementwise op's scalar function (Note [Ops by name]), ("loader", code, compute),
     ("storer", code[, stochastic]), ("bits", "f32_as_u32" | "u32_as_f32") a bit cast,
+    ("pointer", NumPy dtype name) an address's cast for multi-tensor loops (jit.pointer_to),
     ("row", "fold_lanes" | "lane_sum" | "row_max") row sums and maxima (Note [Sum order] in
     numerics.py),
     or ("rounder", "f16"): fp32 rounded to fp16's values (Note [fp16 values stay fp32] in
@@ -98,6 +99,8 @@ def resolve(recipe: tuple):
         return numerics.storer(*args)
     if kind == "rounder" and args[0] == "f16":
         return numerics.round_to_f16
+    if kind == "pointer":
+        return jit.pointer_to(args[0])
     if kind == "bits" and args[0] in ("f32_as_u32", "u32_as_f32"):
         return getattr(numerics, args[0])
     if kind == "row" and args[0] in ("fold_lanes", "lane_sum", "row_max"):
@@ -291,7 +294,7 @@ def _run_contiguous(op: Elementwise, operands, params):
 
     Returns None when the operands need the general path.
     """
-    fast = _fast_new(op, operands)
+    fast = fast_new(op, operands)
     if fast is None:
         return None
     (kernel, dtype, cast, exact), shape = fast
@@ -301,10 +304,11 @@ def _run_contiguous(op: Elementwise, operands, params):
     return out
 
 
-def _fast_new(op: Elementwise, operands):
-    """(plan, shape) of `_run_contiguous` for these operands, None if it does not apply."""
+def fast_new(op: Elementwise, operands, table: bool = False):
+    """(plan, shape) of `_run_contiguous` for these operands, None if it does not apply;
+    `table`: the plan of a multi-tensor launch (`_plan_contiguous`)."""
     shape = None
-    signature = [op, config.numerics_key, default_dtype()]
+    signature = [op, config.numerics_key, default_dtype(), table]
     for a in operands:
         kind = type(a)
         if kind is NeuronTensor:
@@ -325,17 +329,17 @@ def _fast_new(op: Elementwise, operands):
     signature = tuple(signature)
     plan = _fast_plans.get(signature)
     if plan is None:
-        plan = _fast_plans[signature] = _plan_contiguous(op, operands)
-    return plan, shape
+        plan = _fast_plans[signature] = _plan_contiguous(op, operands, None, table)
+    return (plan, shape) if plan else None
 
 
 def _call_fast(op, kernel, out_arr, args, params, cast, exact, reads_of_out, streams=False):
-    """A fast path's launch: `_run_fast` and its accounting."""
-    moved = _run_fast(op, kernel, out_arr, args, params, cast, exact, reads_of_out, streams)
+    """A fast path's launch: `run_fast` and its accounting."""
+    moved = run_fast(op, kernel, out_arr, args, params, cast, exact, reads_of_out, streams)
     core.launch(op.engine, out_arr.size, moved)
 
 
-def _run_fast(op, kernel, out_arr, args, params, cast, exact, reads_of_out, streams) -> int:
+def run_fast(op, kernel, out_arr, args, params, cast, exact, reads_of_out, streams) -> int:
     """A fast path's kernel (split across cores when large; `streams`: a new result that
     outgrows the cache is written around it) and int64 wraps; returns the bytes moved (the
     write, each array read, and `reads_of_out` reads of the output itself)."""
@@ -358,7 +362,7 @@ def _run_contiguous_into(op: Elementwise, operands, params, out: NeuronTensor):
     """`_run_contiguous` for a given contiguous `out` (in-place ops: foreach steps, x.add_(y)):
     operands of its shape, each `out` itself or on other memory, or scalars. None when the
     general path must decide (broadcasts, aliases, casts it refuses)."""
-    plan = _fast_into(op, operands, out)
+    plan = fast_into(op, operands, out)
     if plan is None:
         return None
     kernel, _, cast, exact = plan
@@ -367,8 +371,8 @@ def _run_contiguous_into(op: Elementwise, operands, params, out: NeuronTensor):
     return out
 
 
-def _fast_into(op: Elementwise, operands, out):
-    """The plan of `_run_contiguous_into`, None if it does not apply."""
+def fast_into(op: Elementwise, operands, out, table: bool = False):
+    """The plan of `_run_contiguous_into`, None if it does not apply (`table`: as fast_new)."""
     if type(out) is not NeuronTensor:
         return None
     key = out._key
@@ -377,7 +381,7 @@ def _fast_into(op: Elementwise, operands, out):
     shape = key[0]
     if not shape:
         return None
-    signature = [op, config.numerics_key, default_dtype(), key[1]]  # (_fast_new shares the table)
+    signature = [op, config.numerics_key, default_dtype(), table, key[1]]  # (shared with fast_new)
     for a in operands:
         kind = type(a)
         if a is out:
@@ -394,61 +398,15 @@ def _fast_into(op: Elementwise, operands, out):
     signature = tuple(signature)
     plan = _fast_plans.get(signature)
     if plan is None:
-        plan = _fast_plans[signature] = _plan_contiguous(op, operands, out)
+        plan = _fast_plans[signature] = _plan_contiguous(op, operands, out, table)
     return plan or None
 
 
-def run_many(calls, inplace: bool) -> list | None:
-    """Calls of elementwise ops, `(op, operands, params)` each, as one launch: a device's
-    multi-tensor kernel, for foreach ops (Note [Multi-tensor launches]). With `inplace` each
-    call writes its first operand. None, with nothing run, unless every call takes the
-    contiguous fast path or has only 0-dim tensors (run through `run`, a launch each).
-    Calls run in order, so later ones see earlier writes."""
-    plans = []
-    for op, operands, _ in calls:
-        fast = _fast_into(op, operands, operands[0]) if inplace else _fast_new(op, operands)
-        if fast is None and not _zero_dim(operands):
-            return None
-        plans.append(fast)
-    results, elements, moved = [], 0, 0
-    for (op, operands, params), fast in zip(calls, plans):
-        if fast is None:  # 0-dim tensors (a scalar parameter): their own launch, in turn
-            results.append(run(op, operands, params, operands[0] if inplace else None))
-            continue
-        if inplace:
-            (kernel, _, cast, exact), out = fast, operands[0]
-        else:
-            (kernel, dtype, cast, exact), shape = fast
-            out = T.new_contiguous(shape, dtype)
-        args = [T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands
-                if a is not out]
-        out_arr = T.flat(out)
-        moved += _run_fast(op, kernel, out_arr, args, params, cast, exact,
-                           len(operands) - len(args), not inplace)
-        elements += out_arr.size
-        results.append(out)
-    core.launch(calls[0][0].engine, elements, moved)
-    return results
-
-
-def _zero_dim(operands) -> bool:
-    """Whether the tensors of a call are all neuron 0-dim tensors (and there is one)."""
-    tensors = [a for a in operands if isinstance(a, torch.Tensor)]
-    return bool(tensors) and all(type(a) is NeuronTensor and a.dim() == 0 for a in tensors)
-
-
-# Note [Multi-tensor launches]
-# A foreach op (torch.optim's default path, clip_grad_norm_) is one kernel launch on a device:
-# CUDA passes the list of tensor addresses to one multi-tensor kernel. Here the launch calls
-# the cached per-tensor loop for each tensor in turn, with one price for the launch: the same
-# loops, so the same bits as one op per tensor, without the per-tensor dispatch. A 16-tensor
-# `_foreach_mul_` of an optimizer step took 130 us through the per-tensor kernels, 90 us so.
-# A 0-dim tensor (a scalar parameter) goes through `run` at its turn, a launch of its own.
-
-
-def _plan_contiguous(op, operands, out=None):
+def _plan_contiguous(op, operands, out=None, table=False):
     """(kernel, result dtype, scalar cast, int64 wrap) of a fast path; with `out`, of the
-    in-place form (False: the result type does not cast to out's, the general path raises)."""
+    in-place form (False: the result type does not cast to out's, the general path raises).
+    With `table`, the kernel is a multi-tensor loop over an address table (False for results
+    that wrap int64 or round stochastically: their tensors run one by one)."""
     dtype, compute, cast = promotion(op, operands)
     if out is not None:
         if not torch.can_cast(dtype, out.dtype):
@@ -459,6 +417,14 @@ def _plan_contiguous(op, operands, out=None):
                   for a in operands)
     stochastic = config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)
     out_code = _out_code(dtype, compute)
+    if table:
+        if stochastic or out_code == "i64x":
+            return False
+        storage = tuple(T.STORAGE_DTYPE[a.dtype].name if k == "a" else ""
+                        for k, a in zip(kinds, operands))
+        kernel = kernelgen.table_kernel(op.name, op.fn, op.nparams, kinds, codes, compute,
+                                        out_code, (T.STORAGE_DTYPE[dtype].name, *storage))
+        return kernel, dtype, cast, False
     kernel = kernelgen.elementwise_kernel(op.name, op.fn, op.nparams, kinds, codes, compute,
                                           out_code, "c", stochastic)
     return kernel, dtype, cast, out_code == "i64x"

@@ -1,7 +1,7 @@
 """The aten._foreach_* ops (what torch.optim's foreach paths and clip_grad_norm_ call).
 
 An elementwise one over contiguous tensors is one multi-tensor launch
-(elementwise.run_many). Otherwise each loops the per-tensor kernel over its
+(multitensor.run). Otherwise each loops the per-tensor kernel over its
 lists: the registered kernel is called directly (no second trip through the
 dispatcher); an op without one goes through the router like any other call.
 In-place forms use the per-tensor in-place op where one exists, else compute
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import multitensor
 from neuron_eager.ops.registry import KERNELS, register
 
 aten = torch.ops.aten
@@ -60,7 +61,7 @@ def records(args) -> bool:
 
 def _many(func, rows) -> list | None:
     """The per-tensor calls `rows` ((args, kwargs) of `func` each) as one multi-tensor launch
-    (Note [Multi-tensor launches] in elementwise.py); None when they must run one by one:
+    (ops/multitensor.py); None when they must run one by one:
     not an elementwise op, a call off its fast path, or adaptive eager records them."""
     if per_tensor is not None:
         return None
@@ -70,7 +71,7 @@ def _many(func, rows) -> list | None:
         plan = E.FUSIBLE.get(func)
         if plan is None:
             return None
-    return E.run_many([plan(*a, **kw) for a, kw in rows], inplace)  # (raises before any run)
+    return multitensor.run(plan, rows, inplace)
 
 
 def _check(*lists):
@@ -210,7 +211,9 @@ def _scalars(kind, value, n):
 
 
 def _addc_rows(tensors, tensors1, tensors2, values) -> list:
-    return [((t, a, b), {"value": v}) for t, a, b, v in zip(tensors, tensors1, tensors2, values)]
+    shared = {"value": values[0]}  # (one dict for one value: multitensor.run sees it at once)
+    return [((t, a, b), shared if v is values[0] else {"value": v})
+            for t, a, b, v in zip(tensors, tensors1, tensors2, values)]
 
 
 def _addc(name):

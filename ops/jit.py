@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import llvmlite.binding as llvm
+import numpy
 import numba
 from llvmlite import ir
 from numba import types as nbtypes
@@ -249,3 +250,28 @@ def native_call(symbol: str, address: int, nargs: int, floats: tuple = ()):
         return nbtypes.void(nbtypes.StarArgTuple.from_types(args)), codegen
 
     return call
+
+
+_pointers: dict = {}
+
+
+def pointer_to(dtype_name: str):
+    """A jitted cast of an address (int64) to a pointer to elements of the NumPy dtype named
+    `dtype_name`, for `numba.carray(pointer, n)`: multi-tensor kernels read their tensors
+    from a table of addresses (Note [Address tables] in multitensor.py)."""
+    made = _pointers.get(dtype_name)
+    if made is None:
+        element = numba.from_dtype(numpy.dtype(dtype_name))
+
+        @intrinsic
+        def pointer(typingctx, address):
+            if not isinstance(address, nbtypes.Integer):
+                return None
+
+            def codegen(context, builder, signature, args):
+                return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+            return nbtypes.CPointer(element)(address), codegen
+
+        made = _pointers[dtype_name] = pointer
+    return made

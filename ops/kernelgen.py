@@ -112,6 +112,26 @@ def _source(arity: int, nparams: int, kinds: tuple, layout: str, stochastic: boo
 # element i that is read is the element i that is written, and the loop vectorises.
 
 
+def _table_source(nparams: int, kinds: tuple) -> str:
+    # kinds as in _source, layout 'c': table row t holds the addresses of tensor t's output
+    # (column 0) and of its array operands; sizes[t] its element count
+    arrays = [i for i, kind in enumerate(kinds) if kind == "a"]
+    args = ["table", "sizes"] + [f"a{i}" for i, kind in enumerate(kinds) if kind == "s"] + \
+        [f"p{j}" for j in range(nparams)]
+    lines = [f"def kernel({', '.join(args)}):"]
+    lines += [f"    v{i} = load{i}(a{i})" for i, kind in enumerate(kinds) if kind == "s"]
+    lines += ["    for t in range(sizes.shape[0]):",
+              "        n = sizes[t]",
+              "        out = numba.carray(at_out(table[t, 0]), n)"]
+    lines += [f"        x{i} = numba.carray(at{i}(table[t, {c + 1}]), n)"
+              for c, i in enumerate(arrays)]
+    values = [f"v{i}" if kind == "s" else f"load{i}(out[i])" if kind == "o"
+              else f"load{i}(x{i}[i])" for i, kind in enumerate(kinds)]
+    call = f"fn({', '.join(values + [f'p{j}' for j in range(nparams)])})"
+    lines += ["        for i in range(n):", f"            out[i] = store({call})"]
+    return "\n".join(lines) + "\n"
+
+
 def jit_source(src: str, namespace: dict, label: str):
     """Compile generated source (from a fixed template) into a jitted function `kernel`.
 
@@ -133,22 +153,48 @@ def elementwise_kernel(name: str, fn, nparams: int, kinds: tuple, codes: tuple, 
     if kernel is not None:
         stats["hits"] += 1
         return kernel
-    src = _source(len(kinds), nparams, kinds, layout, stochastic)
-    recipes = {"fn": ("op", name), "store": ("storer", out_code, stochastic)}
+    recipes = {"store": ("storer", out_code, stochastic)}
     recipes.update({f"load{i}": ("loader", code, compute) for i, code in enumerate(codes)})
-    kernel = None
-    folder = jit.plain_folder()
-    if folder is not None and getattr(fn, "py_func", fn) is _named_fn(name):
-        kernel, _ = diskcache.load(folder, src, recipes, name)
-    if kernel is None:
-        namespace = {"fn": fn, "store": numerics.storer(out_code, stochastic)}
-        for i, code in enumerate(codes):
-            namespace[f"load{i}"] = numerics.loader(code, compute)
-        kernel = jit_source(src, namespace, name)
-    jit.track(kernel)  # (in kernel_cache_stats)
+    kernel = _compile(_source(len(kinds), nparams, kinds, layout, stochastic), recipes, name, fn)
     if stochastic:
         kernel = numerics.with_noise(kernel)
     _kernels[key] = kernel
+    return kernel
+
+
+def table_kernel(name: str, fn, nparams: int, kinds: tuple, codes: tuple, compute: str,
+                 out_code: str, storage: tuple):
+    """The cached multi-tensor loop of one op/format combination: contiguous tensors read
+    from a table of addresses, one row per tensor (Note [Address tables] in multitensor.py).
+    `storage` names the NumPy dtype of the output's memory, then of each operand's."""
+    key = ("table", name, nparams, kinds, codes, compute, out_code, storage)
+    kernel = _kernels.get(key)
+    if kernel is not None:
+        stats["hits"] += 1
+        return kernel
+    recipes = {"store": ("storer", out_code, False), "at_out": ("pointer", storage[0])}
+    for i, (kind, code) in enumerate(zip(kinds, codes)):
+        recipes[f"load{i}"] = ("loader", code, compute)
+        if kind == "a":
+            recipes[f"at{i}"] = ("pointer", storage[i + 1])
+    kernel = _kernels[key] = _compile(_table_source(nparams, kinds), recipes, name, fn)
+    return kernel
+
+
+def _compile(src: str, recipes: dict, name: str, fn):
+    """Generated kernel source with the scalar function `fn` and the helpers `recipes` names:
+    from the disk cache when `fn` is the op named `name`, else compiled in memory."""
+    kernel = None
+    folder = jit.plain_folder()
+    if folder is not None and getattr(fn, "py_func", fn) is _named_fn(name):
+        kernel, _ = diskcache.load(folder, src, dict(recipes, fn=("op", name)), name)
+    if kernel is None:
+        namespace = {"fn": fn}
+        for local, (kind, *args) in recipes.items():
+            namespace[local] = numerics.loader(*args) if kind == "loader" else \
+                numerics.storer(*args) if kind == "storer" else jit.pointer_to(*args)
+        kernel = jit_source(src, namespace, name)
+    jit.track(kernel)  # (in kernel_cache_stats)
     return kernel
 
 

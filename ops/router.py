@@ -54,8 +54,8 @@ def check_devices(args) -> None:
             if type(a) is not NeuronTensor:
                 T.check_foreign(a)
         elif type(a) is list or type(a) is tuple:
-            for b in a:
-                if isinstance(b, torch.Tensor) and type(b) is not NeuronTensor:
+            for b in a:  # (a foreach op's lists: the common case tested first)
+                if type(b) is not NeuronTensor and isinstance(b, torch.Tensor):
                     T.check_foreign(b)
 
 

@@ -672,6 +672,13 @@ def refresh(t: NeuronTensor) -> None:
     t._flat = None
 
 
+def address(t: NeuronTensor) -> int:
+    """The host address of t's first element (0 for a tensor without bytes)."""
+    block = t._storage.block
+    return 0 if block is None else \
+        block.pointer + t.storage_offset() * STORAGE_DTYPE[t.dtype].itemsize
+
+
 def flat(t: NeuronTensor) -> np.ndarray:
     """A 1-D view of a C-contiguous tensor's elements (cached)."""
     view = t._flat

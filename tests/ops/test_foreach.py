@@ -158,7 +158,7 @@ def test_foreach_errors():
         torch._foreach_mul([], 2.0)
 
 
-# -- multi-tensor launches (Note [Multi-tensor launches] in ops/elementwise.py) --------------
+# -- multi-tensor launches (ops/multitensor.py) ----------------------------------------------
 def _launches(fn):
     from neuron_eager.device_sim import core
 
@@ -178,9 +178,9 @@ def test_a_foreach_op_is_one_launch_with_the_per_tensor_bits(seed):
         assert torch.equal(got.cpu(), each.cpu())
         torch.testing.assert_close(got.cpu(), expected)
     assert _launches(lambda: torch._foreach_sqrt(y)) == 1
-    # a 0-dim tensor (a scalar parameter) takes a launch of its own, the rest one together
+    # a 0-dim tensor (a scalar parameter) is a row of the launch like the others
     s, s_cpu = torch.tensor(1.5, device=NEURON), torch.tensor(1.5)
-    assert _launches(lambda: torch._foreach_mul_(x + [s], 0.5)) == 2
+    assert _launches(lambda: torch._foreach_mul_(x + [s], 0.5)) == 1
     torch._foreach_mul_(a + [s_cpu], 0.5)
     for got, expected in zip(x + [s], a + [s_cpu]):
         torch.testing.assert_close(got.cpu(), expected)
@@ -210,3 +210,65 @@ def test_a_foreach_op_that_fails_on_one_tensor_leaves_what_the_cpu_leaves():
             torch._foreach_div_(lists, 3.0)
     for got, expected in zip(dev, cpu):
         assert torch.equal(got.cpu(), expected)
+
+
+def _tables(monkeypatch) -> list:
+    """Records, per multi-tensor launch, whether it ran as one address table."""
+    from neuron_eager.ops import multitensor
+
+    ran, real = [], multitensor._run_table
+
+    def spy(*args):
+        out = real(*args)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(multitensor, "_run_table", spy)
+    return ran
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_an_address_table_gives_each_tensor_the_cpus_bits(dtype, monkeypatch, seed):
+    """Rows of every size (0-dim, empty, views at an offset into one storage) in one table."""
+    base = torch.randn(3, 8) * 4
+    shapes = [(4, 3), (), (0, 2), (7,)]
+    cpu = [(torch.randn(s) * 4).to(dtype) for s in shapes] + [base[1].to(dtype),
+                                                             base[2].to(dtype)]
+    other = [(torch.rand(t.shape) * 3 + 1).to(dtype) for t in cpu]
+    block = torch.stack(cpu[-2:]).to(NEURON)  # the last two rows share one storage
+    dev, other_dev = [t.to(NEURON) for t in cpu[:-2]] + [block[0], block[1]], \
+        [t.to(NEURON) for t in other]
+    ran = _tables(monkeypatch)
+    if dtype.is_floating_point:
+        for lists in (cpu, dev):
+            torch._foreach_addcmul_(lists, lists, [o for o in (other if lists is cpu
+                                                               else other_dev)], value=-0.75)
+    for lists, others in ((cpu, other), (dev, other_dev)):
+        torch._foreach_mul_(lists, 3)
+        torch._foreach_add_(lists, others, alpha=2)
+    for got, expected in zip(dev, cpu):
+        assert torch.equal(got.cpu(), expected)
+    new_dev, new_cpu = torch._foreach_sub(dev, other_dev), torch._foreach_sub(cpu, other)
+    for got, expected in zip(new_dev, new_cpu):
+        assert got.dtype == expected.dtype and torch.equal(got.cpu(), expected)
+    assert ran and all(ran), ran
+
+
+def test_an_address_table_is_refused_where_its_rows_differ(monkeypatch, seed):
+    """Rows that one plan does not fit run tensor by tensor, with the CPU's results: scalars
+    of a list that differ (-0.0 is not 0.0), a row reading its own output where row 0 reads
+    another tensor, formats that differ."""
+    cpu = [torch.rand(5) + 0.5, torch.rand(3) + 0.5]
+    dev = [t.to(NEURON) for t in cpu]
+    ran = _tables(monkeypatch)
+    for lists in (cpu, dev):
+        signs = torch._foreach_mul(lists, [0.0, -0.0])
+        assert torch.equal(torch.signbit(signs[1]).cpu(), torch.ones(3, dtype=torch.bool))
+        torch._foreach_add_(lists, [lists[0].clone(), lists[1]])
+        torch._foreach_add_(lists, [lists[0], lists[1].clone()])
+    for got, expected in zip(dev, cpu):
+        assert torch.equal(got.cpu(), expected)
+    mixed = [dev[0], dev[1].to(torch.bfloat16)]
+    torch._foreach_mul_(mixed, 2.0)
+    torch.testing.assert_close(mixed[1].cpu(), (cpu[1] * 2).to(torch.bfloat16))
+    assert ran == [False, False, False, False], ran
