@@ -313,15 +313,16 @@ def _detach(t: NeuronTensor):
     """detach() of a pending tensor (autograd's saved results): another one of its node. A
     detached view has no `_base` keeping its view alive: it counts as its base's view."""
     node = t.__dict__["_node"]
-    out = _make_wrapper(NeuronTensor, t.shape, strides=t.stride(),
-                        storage_offset=t.storage_offset(), dtype=t.dtype,
-                        device=T.DEVICE)  # a pending view's layout
+    with views.normal_views_of(t):  # (an inference tensor exactly when t is, as in eager)
+        out = _make_wrapper(NeuronTensor, t.shape, strides=t.stride(),
+                            storage_offset=t.storage_offset(), dtype=t.dtype,
+                            device=T.DEVICE)  # a pending view's layout
     out._node = node
     ref = weakref.ref(out)
     node.outs.append(ref)
     base = node
-    while base.op is plans.VIEW:
-        base = _region.nodes[base.refs[0][1]]
+    while base.op is plans.VIEW and base.refs[0][0] == "n":  # (a view of a region input,
+        base = _region.nodes[base.refs[0][1]]                # after a partial flush: itself)
     if base is not node:
         base.add_view(ref)
     return out
@@ -499,8 +500,9 @@ def _record_view(func, node: Node, args, kwargs):
     if many or layouts[0][3] != args[0].dtype:
         return None
     shape, stride, offset, dtype, _ = layouts[0]
-    out = _make_wrapper(NeuronTensor, shape, strides=stride, storage_offset=offset,
-                        dtype=dtype, device=T.DEVICE)
+    with views.normal_views_of(args[0]):
+        out = _make_wrapper(NeuronTensor, shape, strides=stride, storage_offset=offset,
+                            dtype=dtype, device=T.DEVICE)
     view = _add_node(_region, plans.VIEW, (("n", node.index),), (), [], dtype, "f32", shape,
                      out)
     view.stride, view.offset = stride, offset

@@ -144,32 +144,38 @@ def _fit_float_compute(operands, values) -> bool:
 
 
 # Note [Reduced-precision scalars]
-# For a bf16/fp16 result the CPU rounds some Python scalars to the tensor's dtype before it
-# computes in fp32: add's and sub's scalar operand and alpha (in its vector loop), and the
-# divisor of fmod and remainder; mul's and div's scalars it keeps in fp32. Measured bit for
+# For a bf16/fp16 result the CPU rounds some Python scalars (floats and ints alike: bf16 + 257
+# adds 256) to the tensor's dtype before it computes in fp32: add's and sub's scalar operand
+# and alpha (in its vector loop), and the divisor of fmod and remainder; mul's and div's
+# scalars it keeps in fp32, 0-dim tensors too (E.scalar_tensors_cast). Measured bit for
 # bit against the CPU (tests/ops/test_edge_values.py); `x + 0.587` in bf16 was 1 ulp off in
 # a tenth of the elements, `x.remainder(1.7)` in most.
 _REDUCED = (torch.bfloat16, torch.float16)
 
 
 def _rounded(operands, values=()) -> tuple:
-    """(operands, values) with their Python floats as the CPU converts them for a bf16/fp16
+    """(operands, values) with their Python numbers as the CPU converts them for a bf16/fp16
     result: to the dtype, through float32."""
     for v in operands:  # (a bf16/fp16 operand first: the common fp32 call pays one check)
         if isinstance(v, torch.Tensor) and v.dtype in _REDUCED:
             break
     else:
         return operands, values
-    if not any(type(v) is float for v in (*operands, *values)):
+    if not any(_is_number(v) for v in (*operands, *values)):
         return operands, values
     dtype = E.result_type(*operands)
     if dtype not in _REDUCED:
         return operands, values
 
     def cast(v):
-        return _reduced(v, dtype) if type(v) is float else v
+        return _reduced(v, dtype) if _is_number(v) else v
 
     return tuple([cast(v) for v in operands]), [cast(v) for v in values]
+
+
+def _is_number(v) -> bool:
+    """A Python float, or an int the CPU rounds the same way (bf16 + 257 adds 256)."""
+    return type(v) is float or (type(v) is int and -(1 << 63) <= v < 1 << 63)
 
 
 _reduced_values: dict = {}  # (dtype, value, its sign) -> the value rounded to dtype
@@ -340,9 +346,10 @@ _IREMAINDER = E.Elementwise("int_remainder", _int_remainder)
 
 def check_integer_divisor(x, y) -> None:
     """Integer division by zero raises RuntimeError("ZeroDivisionError") on the CPU; here too."""
-    if isinstance(y, E.NeuronTensor) and not y.dtype.is_floating_point and y.numel() and \
+    if isinstance(y, torch.Tensor) and not y.dtype.is_floating_point and y.numel() and \
             not E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point:
-        if (y._nd == 0).any():  # the host reads the check back, as the CPU kernel does
+        # the host reads the check back, as the CPU kernel does (a CPU 0-dim divisor at once)
+        if (y._nd == 0).any() if isinstance(y, E.NeuronTensor) else y.item() == 0:
             raise RuntimeError("ZeroDivisionError")
     elif isinstance(y, (int, bool)) and y == 0 and isinstance(x, E.NeuronTensor) and \
             not x.dtype.is_floating_point:

@@ -263,8 +263,9 @@ def fusible_inplace(*overloads):
 def scalar_tensors_cast(op: Elementwise, operands):
     """`operands` with each 0-dim neuron tensor beside larger tensors cast first to the common
     dtype where that changes its value, as the CPU's TensorIterator casts its inputs: a 0-dim
-    tensor does not promote, so `uint8 // tensor(-3)` divides by 253, and a bf16 tensor plus
-    a float32 tensor(1.0001) adds bf16's 1.0 (the kernels load it whole otherwise)."""
+    tensor does not promote, so `uint8 // tensor(-3)` divides by 253, a bf16 tensor plus
+    a float32 tensor(1.0001) adds bf16's 1.0 and plus tensor(257) adds 256 (the kernels load
+    it whole otherwise)."""
     zero = wide = False
     for a in operands:
         if type(a) is NeuronTensor:
@@ -275,8 +276,21 @@ def scalar_tensors_cast(op: Elementwise, operands):
     if not (zero and wide):
         return operands
     target = result_type(*operands) if op.kind == "always_bool" else promotion(op, operands)[0]
-    return tuple(a.to(target) if type(a) is NeuronTensor and a.dim() == 0 and a.dtype != target
-                 and torch.promote_types(a.dtype, target) != target else a for a in operands)
+    return tuple(_scalar_tensor_cast(op, k, a, target) if type(a) is NeuronTensor and
+                 a.dim() == 0 and a.dtype != target and (
+                     torch.promote_types(a.dtype, target) != target or
+                     target.is_floating_point and not a.dtype.is_floating_point) else a
+                 for k, a in enumerate(operands))
+
+
+def _scalar_tensor_cast(op: Elementwise, k: int, a: NeuronTensor, target: torch.dtype):
+    """A 0-dim operand cast for `scalar_tensors_cast`. The CPU's mul and div of bf16/fp16 read
+    a one-value second operand at fp32 (`original_scalar_value<opmath_t>`), as they read a
+    Python scalar (Note [Reduced-precision scalars] in arithmetic.py): clip_grad_norm_'s
+    `grads * clip_coef` multiplies by the fp32 coefficient."""
+    if k == 1 and op.name in ("mul", "div") and target in (torch.bfloat16, torch.float16):
+        return a if a.dtype == torch.float32 else a.to(torch.float32)
+    return a.to(target)
 
 
 def result_type(*operands, sig: tuple | None = None) -> torch.dtype:
@@ -318,7 +332,10 @@ def fast_new(op: Elementwise, operands, table: bool = False):
             if shape is None:
                 shape = key[0]
             elif key[0] != shape:
-                return None
+                if not (table and key[0] == ()):
+                    return None
+                signature.append(("z", key[1]))  # (a 0-dim tensor: one value for all rows)
+                continue
             signature.append(key[1])
         elif kind in _SCALAR_TYPES:
             signature.append(kind)
@@ -388,8 +405,13 @@ def fast_into(op: Elementwise, operands, out, table: bool = False):
             signature.append("o")
         elif kind is NeuronTensor:
             akey = a._key
-            if akey is None or akey[0] != shape or a._storage is out._storage:
+            if akey is None or a._storage is out._storage:
                 return None
+            if akey[0] != shape:
+                if not (table and akey[0] == ()):
+                    return None
+                signature.append(("z", akey[1]))  # (as in fast_new)
+                continue
             signature.append(akey[1])
         elif kind in _SCALAR_TYPES:
             signature.append(kind)
@@ -406,13 +428,17 @@ def _plan_contiguous(op, operands, out=None, table=False):
     """(kernel, result dtype, scalar cast, int64 wrap) of a fast path; with `out`, of the
     in-place form (False: the result type does not cast to out's, the general path raises).
     With `table`, the kernel is a multi-tensor loop over an address table (False for results
-    that wrap int64 or round stochastically: their tensors run one by one)."""
+    that wrap int64 or round stochastically: their tensors run one by one), and a 0-dim tensor
+    among operands with dims is one value for every row ("z")."""
     dtype, compute, cast = promotion(op, operands)
     if out is not None:
         if not torch.can_cast(dtype, out.dtype):
             return False
         dtype = out.dtype
-    kinds = tuple("o" if a is out else "a" if type(a) is NeuronTensor else "s" for a in operands)
+    kinds = tuple("o" if a is out else "s" if type(a) is not NeuronTensor else
+                  "z" if table and a.dim() == 0 and any(b.dim() for b in operands if
+                                                         type(b) is NeuronTensor) else "a"
+                  for a in operands)
     codes = tuple(numerics.load_code(a.dtype) if type(a) is NeuronTensor else "py"
                   for a in operands)
     stochastic = config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)
@@ -420,7 +446,7 @@ def _plan_contiguous(op, operands, out=None, table=False):
     if table:
         if stochastic or out_code == "i64x":
             return False
-        storage = tuple(T.STORAGE_DTYPE[a.dtype].name if k == "a" else ""
+        storage = tuple(T.STORAGE_DTYPE[a.dtype].name if k in "az" else ""
                         for k, a in zip(kinds, operands))
         kernel = kernelgen.table_kernel(op.name, op.fn, op.nparams, kinds, codes, compute,
                                         out_code, (T.STORAGE_DTYPE[dtype].name, *storage))

@@ -2,15 +2,16 @@
 Vector engine (the rows and kernel templates of reduction.py, Note [Kernel templates])."""
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 
-from neuron_eager.device_sim import core
+from neuron_eager.device_sim import config, core
 from neuron_eager.ops import numerics
 from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.fastmath import exp_f32, log_f32
-from neuron_eager.ops.jit import njit
+from neuron_eager.ops.jit import njit, pointer_to
 from neuron_eager.ops.numerics import SUM_LANES, lane_sum, row_extreme
 from neuron_eager.ops.reduction import cast, load, stage, store  # template placeholders
 from neuron_eager.ops.registry import register
@@ -249,6 +250,47 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if x.numel() == 0:
         return R.on_empty(op, x, ord, dim, keepdim, dtype=dtype)
     return fold(op, x, dims, keepdim, _norm_mode(ord), dtype or x.dtype, float(ord))
+
+
+def norms_of(tensors, ord) -> list | None:
+    """The whole-tensor 1- or 2-norm of each tensor (_foreach_norm), as one launch over an
+    address table (Note [Address tables] in multitensor.py) running each tensor through the
+    per-tensor kernel, so with its bits; None where the per-tensor path must decide: another
+    norm, an empty or strided tensor, formats that differ, stochastic rounding."""
+    mode, dtype = _norm_mode(ord), tensors[0].dtype
+    if mode not in (NORM_1, NORM_2) or len(tensors) < 2 or not dtype.is_floating_point or (
+            config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)):
+        return None
+    for t in tensors:
+        key = t.__dict__.get("_key") if type(t) is T.NeuronTensor else None
+        if key is None or key[1] != dtype or not t.numel():
+            return None
+    kernel = _norm_tables.get(dtype)
+    if kernel is None:
+        row = R.kernel("lane_norm", dtype, dtype, "f32", aten.linalg_vector_norm.default, True)
+        kernel = _norm_tables[dtype] = _norm_table(row, pointer_to(T.STORAGE_DTYPE[dtype].name))
+    outs = [T.new_contiguous((), dtype) for _ in tensors]
+    table = np.array([[T.address(o), T.address(t)] for o, t in zip(outs, tensors)], np.int64)
+    sizes = np.array([t.numel() for t in tensors], np.int64)
+    kernel(table, sizes, mode, np.float32(ord))
+    elements = int(sizes.sum())
+    core.launch("vector", elements, elements * tensors[0].element_size() + len(outs) * 4)
+    return outs
+
+
+_norm_tables: dict = {}
+
+
+def _norm_table(row, at):
+    @njit(**R.JIT)
+    def kernel(table, sizes, mode, p):
+        starts, steps = np.zeros(1, np.int64), np.empty(0, np.int64)
+        for t in range(sizes.shape[0]):
+            n = sizes[t]
+            row(numba.carray(at(table[t, 1]), n), 0, starts, steps, 1, n,
+                numba.carray(at(table[t, 0]), 1), mode, p)
+
+    return kernel
 
 
 @register(aten.norm.Scalar, aten.norm.ScalarOpt_dtype)

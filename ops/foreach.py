@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from neuron_eager.ops import elementwise as E
+from neuron_eager.ops import folds
 from neuron_eager.ops import multitensor
 from neuron_eager.ops.registry import KERNELS, register
 
@@ -273,7 +274,8 @@ def foreach_norm(tensors, ord=2, dtype=None):
     if ord == float("inf") and any(t.numel() == 0 for t in tensors):
         raise RuntimeError("_foreach_norm cannot compute the infinity norm on an empty tensor "
                            "because the operation does not have an identity")  # (the CPU's)
-    return [call(aten.linalg_vector_norm.default, t, ord, dtype=dtype) for t in tensors]
+    return (dtype is None and per_tensor is None and folds.norms_of(tensors, ord)) or \
+        [call(aten.linalg_vector_norm.default, t, ord, dtype=dtype) for t in tensors]
 
 
 @register(aten._foreach_max.default)

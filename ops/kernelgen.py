@@ -113,19 +113,22 @@ def _source(arity: int, nparams: int, kinds: tuple, layout: str, stochastic: boo
 
 
 def _table_source(nparams: int, kinds: tuple) -> str:
-    # kinds as in _source, layout 'c': table row t holds the addresses of tensor t's output
-    # (column 0) and of its array operands; sizes[t] its element count
+    # kinds as in _source, layout 'c', and "z": the address of a 0-dim tensor read once. Table
+    # row t holds the addresses of tensor t's output (column 0) and of its array operands;
+    # sizes[t] its element count
     arrays = [i for i, kind in enumerate(kinds) if kind == "a"]
-    args = ["table", "sizes"] + [f"a{i}" for i, kind in enumerate(kinds) if kind == "s"] + \
+    args = ["table", "sizes"] + [f"a{i}" for i, kind in enumerate(kinds) if kind in "sz"] + \
         [f"p{j}" for j in range(nparams)]
     lines = [f"def kernel({', '.join(args)}):"]
-    lines += [f"    v{i} = load{i}(a{i})" for i, kind in enumerate(kinds) if kind == "s"]
+    lines += [f"    v{i} = load{i}(a{i})" if kind == "s" else
+              f"    v{i} = load{i}(numba.carray(at{i}(a{i}), 1)[0])"
+              for i, kind in enumerate(kinds) if kind in "sz"]
     lines += ["    for t in range(sizes.shape[0]):",
               "        n = sizes[t]",
               "        out = numba.carray(at_out(table[t, 0]), n)"]
     lines += [f"        x{i} = numba.carray(at{i}(table[t, {c + 1}]), n)"
               for c, i in enumerate(arrays)]
-    values = [f"v{i}" if kind == "s" else f"load{i}(out[i])" if kind == "o"
+    values = [f"v{i}" if kind in "sz" else f"load{i}(out[i])" if kind == "o"
               else f"load{i}(x{i}[i])" for i, kind in enumerate(kinds)]
     call = f"fn({', '.join(values + [f'p{j}' for j in range(nparams)])})"
     lines += ["        for i in range(n):", f"            out[i] = store({call})"]
@@ -175,7 +178,7 @@ def table_kernel(name: str, fn, nparams: int, kinds: tuple, codes: tuple, comput
     recipes = {"store": ("storer", out_code, False), "at_out": ("pointer", storage[0])}
     for i, (kind, code) in enumerate(zip(kinds, codes)):
         recipes[f"load{i}"] = ("loader", code, compute)
-        if kind == "a":
+        if kind in ("a", "z"):
             recipes[f"at{i}"] = ("pointer", storage[i + 1])
     kernel = _kernels[key] = _compile(_table_source(nparams, kinds), recipes, name, fn)
     return kernel

@@ -53,15 +53,18 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
             break
     else:
         return None
-    op, operands, params = plan(*args0, **kwargs0)  # (its checks raise here)
+    op, given, params = plan(*args0, **kwargs0)  # (its checks raise here)
+    operands = E.scalar_tensors_cast(op, given)  # (as E.run: a shared 0-dim tensor, once)
     out0 = operands[0] if inplace else None
     fast = E.fast_into(op, operands, out0, True) if inplace else E.fast_new(op, operands, True)
     if fast is None:
         return None
     kernel, dtype, cast, _ = fast if inplace else fast[0]
     slots = [j for j, a in enumerate(operands) if type(a) is NeuronTensor]
+    shared = [j for j in slots if operands[j].dim() == 0]  # one 0-dim tensor for all rows
+    slots = [j for j in slots if j not in shared]
     arrays = [j for j in slots if operands[j] is not out0]  # (in place: slot 0 is the output)
-    fixed = [(j, args0[j]) for j in range(len(args0)) if j not in slots]
+    fixed = [(j, args0[j]) for j in range(len(args0)) if j not in slots and j not in shared]
     reads_out = [j for j in slots[1:] if j not in arrays]  # in place: slots reading the output
     first, dtypes = slots[0], [(j, operands[j].dtype) for j in slots]
     out_size = T.STORAGE_DTYPE[dtype].itemsize
@@ -74,6 +77,9 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
         for j, value in fixed:
             a = args[j]
             if a is not value and not _same_scalar(a, value):
+                return None
+        for j in shared:
+            if args[j] is not given[j]:
                 return None
         shape = None
         for j, dtype_j in dtypes:
@@ -97,6 +103,9 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
             for j in arrays:
                 if args[j]._storage is out._storage:
                     return None
+            for j in shared:  # (read once, before any row writes)
+                if given[j]._storage is out._storage:
+                    return None
         shapes.append(shape)
     outs, table, sizes = [], [], []
     for (args, _), shape in zip(rows, shapes):
@@ -107,8 +116,8 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
             row.append(_address(args[j], size))
         table.append(row)
         sizes.append(prod(shape))
-    scalars = [cast(a) for j, a in enumerate(operands) if j not in slots] + \
-        [cast(p) for p in params]
+    scalars = [T.address(a) if j in shared else cast(a) for j, a in enumerate(operands)
+               if j not in slots] + [cast(p) for p in params]
     kernel(np.array(table, dtype=np.int64), np.array(sizes, dtype=np.int64), *scalars)
     elements = sum(sizes)
     per_element = out_size * (1 + len(slots) - len(arrays)) + sum(s for _, s in sizes_of)

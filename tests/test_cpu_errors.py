@@ -638,6 +638,18 @@ SCALAR_TENSOR_CASES = {
     + torch.tensor(1.0001, device=d),
     "uint8 add_ of an int64 0-dim": lambda d: torch.tensor(
         [3, 250], dtype=torch.uint8, device=d).add_(torch.tensor(-3, device=d)),
+    "bf16 + int64 0-dim": lambda d: torch.tensor([1., 3.], dtype=torch.bfloat16, device=d)
+    + torch.tensor(257, device=d),
+    "int64 0-dim * bf16": lambda d: torch.tensor(257, device=d) * torch.tensor(
+        [1., 3.], dtype=torch.bfloat16, device=d),
+    # mul and div read a one-value second operand at fp32 (original_scalar_value<opmath_t>)
+    "bf16 mul_ of a float32 0-dim": lambda d: torch.tensor(
+        [1.1328, -1.5, 3.], dtype=torch.bfloat16, device=d).mul_(torch.tensor(1.0035, device=d)),
+    "fp16 / float64 0-dim": lambda d: torch.tensor([1., 3., 2047.], dtype=torch.float16,
+                                                   device=d) / torch.tensor(1.0007, device=d,
+                                                                            dtype=torch.float64),
+    "bf16 * int64 0-dim": lambda d: torch.tensor([1., 3.], dtype=torch.bfloat16, device=d)
+    * torch.tensor(257, device=d),
 }
 
 

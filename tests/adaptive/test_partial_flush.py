@@ -1,4 +1,7 @@
 """Reading one pending tensor runs only what it needs (Note [Partial flush])."""
+import faulthandler
+
+import pytest
 import torch
 
 from neuron_eager import adaptive
@@ -110,3 +113,45 @@ def test_ops_left_by_a_read_run_at_the_next_read():
     assert got == expected
     for g, e in zip(tensors, expected_tensors):
         same_bits(g.cpu(), e.cpu())
+
+
+def test_detach_of_a_pending_view_left_by_a_partial_flush(plain_after):
+    """The view's base became a region input when x's chain ran: detach() looped forever
+    (under the recording lock, so Ctrl-C could not stop it) reading that input's number as a
+    node's."""
+    x0 = torch.arange(24.0).view(4, 6)
+    adaptive.enable()
+    x = x0.to(N) * 2
+    v = x[1:3]
+    first = x.cpu()[0]
+    faulthandler.dump_traceback_later(120, exit=True)  # (a hang ends the run, with its stack)
+    try:
+        d = v.detach()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    d.add_(1)  # (an update through the detached view is seen by x and v, as in eager)
+    same_bits(first, x0[0] * 2)
+    same_bits(d.cpu(), x0[1:3] * 2 + 1)
+    same_bits(x.cpu(), torch.cat([x0[:1] * 2, x0[1:3] * 2 + 1, x0[3:] * 2]))
+
+
+def test_views_of_pending_tensors_are_inference_tensors_exactly_when_eager_makes_them(
+        plain_after):
+    """As the views plain eager makes (views.normal_views_of): inside inference_mode a view of
+    a normal pending tensor is normal; outside, a view of a pending inference tensor is one,
+    so in-place updates through it and saving it for backward raise."""
+    for mode in ("plain", "adaptive"):
+        adaptive.enable() if mode == "adaptive" else adaptive.disable()
+        x = torch.arange(6.0, device=N) * 1
+        with torch.inference_mode():
+            views = [x[0:3], x.detach(), x.view(2, 3).t()]
+            y = x * 2
+        assert [v.is_inference() for v in views] == [False] * 3, mode
+        same_bits(views[2].cpu(), torch.arange(6.0).view(2, 3).t())
+        v, d = y[0:3], y.detach()
+        assert v.is_inference() and d.is_inference(), mode
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+            v.add_(1)
+        w = torch.ones(6, device=N, requires_grad=True)
+        with pytest.raises(RuntimeError, match="Inference tensors cannot be saved"):
+            (w * d).sum().backward()

@@ -242,6 +242,8 @@ def test_integer_modulo_signs_and_division_by_zero(dtype):
             op(a[:3], zero)
         with pytest.raises(RuntimeError, match="ZeroDivisionError"):
             op(a[:3].to("neuron"), zero.to("neuron"))
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # a CPU 0-dim divisor
+            op(a[:3].to("neuron"), torch.tensor(0, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])

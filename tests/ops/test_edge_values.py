@@ -134,6 +134,12 @@ _SCALAR_OPS = {  # (Note [Reduced-precision scalars] in ops/arithmetic.py)
     "remainder_": lambda a: a.clone().remainder_(1.7),
     "mul": lambda a: a * 0.587,  # (kept in fp32 by the CPU)
     "div": lambda a: a / 0.587,
+    # ints are rounded too: bf16 + 257 adds 256 (fp16 from 2049)
+    "add int": lambda a: a + 4099,
+    "sub alpha int": lambda a: a.sub(a, alpha=4099),
+    "foreach add int": lambda a: torch._foreach_add([a, a], 4099)[1],
+    "remainder int": lambda a: a.remainder(4099),
+    "mul int": lambda a: a * 4099,
 }
 
 

@@ -272,3 +272,43 @@ def test_an_address_table_is_refused_where_its_rows_differ(monkeypatch, seed):
     torch._foreach_mul_(mixed, 2.0)
     torch.testing.assert_close(mixed[1].cpu(), (cpu[1] * 2).to(torch.bfloat16))
     assert ran == [False, False, False, False], ran
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_shared_0_dim_tensor_is_one_value_for_every_row(dtype, monkeypatch, seed):
+    """clip_grad_norm_'s `_foreach_mul_(grads, clip_coef)`: the 0-dim tensor is read by the
+    kernel, cast first where TensorIterator casts it (int64 257 is bf16's 256 in an add; mul
+    reads fp32 1.0035 whole), and a list that updates it runs tensor by tensor."""
+    cpu, z = [torch.randn(s).to(dtype) for s in [(64, 3), (5,), (), (0,)]], torch.tensor(1.0035)
+    dev, z_dev = [t.to(NEURON) for t in cpu], z.to(NEURON)
+    ran = _tables(monkeypatch)
+    torch._foreach_mul_(cpu, z)
+    torch._foreach_mul_(dev, z_dev)
+    n, n_dev = torch.tensor(257), torch.tensor(257, device=NEURON)
+    new_cpu, new_dev = torch._foreach_add(cpu, n), torch._foreach_add(dev, n_dev)
+    assert ran == [True, True], ran
+    writes_z_cpu, writes_z_dev = [z.clone(), cpu[0]], [z_dev.clone(), dev[0]]
+    torch._foreach_mul_(writes_z_cpu, writes_z_cpu[0])  # (the second row reads z squared)
+    torch._foreach_mul_(writes_z_dev, writes_z_dev[0])
+    assert ran[2] is False
+    for got, expected in zip([*dev, *new_dev, *writes_z_dev], [*cpu, *new_cpu, *writes_z_cpu]):
+        assert got.dtype == expected.dtype and torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_foreach_norm_gives_each_tensor_its_per_tensor_bits(dtype, monkeypatch, seed):
+    from neuron_eager.ops import folds
+
+    cpu = [torch.randn(s).to(dtype) for s in [(64, 33), (7,), (), (300_000,)]]
+    dev = [t.to(NEURON) for t in cpu]
+    ran, real = [], folds.norms_of
+    monkeypatch.setattr(folds, "norms_of", lambda *a: ran.append(real(*a)) or ran[-1])
+    for ord in (2, 1.0, float("inf")):
+        together = torch._foreach_norm(dev, ord)
+        each = [torch.linalg.vector_norm(t, ord) for t in dev]
+        for got, alone, expected in zip(together, each, torch._foreach_norm(cpu, ord)):
+            assert got.dtype == expected.dtype and got.shape == ()
+            assert torch.equal(got.cpu(), alone.cpu())
+            torch.testing.assert_close(got.cpu(), expected, rtol=2e-2 if dtype != torch.float32
+                                       else 1e-5, atol=0)
+    assert [r is not None for r in ran] == [True, True, False]
