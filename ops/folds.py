@@ -270,7 +270,7 @@ def norms_of(tensors, ord) -> list | None:
         row = R.kernel("lane_norm", dtype, dtype, "f32", aten.linalg_vector_norm.default, True)
         kernel = _norm_tables[dtype] = _norm_table(row, pointer_to(T.STORAGE_DTYPE[dtype].name))
     outs = [T.new_contiguous((), dtype) for _ in tensors]
-    table = np.array([[T.address(o), T.address(t)] for o, t in zip(outs, tensors)], np.int64)
+    table = np.array([[o._key[2] for o in outs], [t._key[2] for t in tensors]], np.int64)
     sizes = np.array([t.numel() for t in tensors], np.int64)
     kernel(table, sizes, mode, np.float32(ord))
     elements = int(sizes.sum())
@@ -287,8 +287,8 @@ def _norm_table(row, at):
         starts, steps = np.zeros(1, np.int64), np.empty(0, np.int64)
         for t in range(sizes.shape[0]):
             n = sizes[t]
-            row(numba.carray(at(table[t, 1]), n), 0, starts, steps, 1, n,
-                numba.carray(at(table[t, 0]), 1), mode, p)
+            row(numba.carray(at(table[1, t]), n), 0, starts, steps, 1, n,
+                numba.carray(at(table[0, t]), 1), mode, p)
 
     return kernel
 

@@ -114,7 +114,7 @@ def _source(arity: int, nparams: int, kinds: tuple, layout: str, stochastic: boo
 
 def _table_source(nparams: int, kinds: tuple) -> str:
     # kinds as in _source, layout 'c', and "z": the address of a 0-dim tensor read once. Table
-    # row t holds the addresses of tensor t's output (column 0) and of its array operands;
+    # column t holds the addresses of tensor t's output (row 0) and of its array operands;
     # sizes[t] its element count
     arrays = [i for i, kind in enumerate(kinds) if kind == "a"]
     args = ["table", "sizes"] + [f"a{i}" for i, kind in enumerate(kinds) if kind in "sz"] + \
@@ -125,8 +125,8 @@ def _table_source(nparams: int, kinds: tuple) -> str:
               for i, kind in enumerate(kinds) if kind in "sz"]
     lines += ["    for t in range(sizes.shape[0]):",
               "        n = sizes[t]",
-              "        out = numba.carray(at_out(table[t, 0]), n)"]
-    lines += [f"        x{i} = numba.carray(at{i}(table[t, {c + 1}]), n)"
+              "        out = numba.carray(at_out(table[0, t]), n)"]
+    lines += [f"        x{i} = numba.carray(at{i}(table[{c + 1}, t]), n)"
               for c, i in enumerate(arrays)]
     values = [f"v{i}" if kind in "sz" else f"load{i}(out[i])" if kind == "o"
               else f"load{i}(x{i}[i])" for i, kind in enumerate(kinds)]

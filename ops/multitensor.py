@@ -36,13 +36,16 @@ def run(plan, rows, inplace: bool) -> list | None:
 # A device's multi-tensor kernel reads a table of tensor addresses (CUDA's foreach kernels
 # take chunks of such a list). When every call of a foreach op has contiguous tensors of the
 # same formats and the same scalars, so that one plan fits them all, the launch is one
-# jitted loop over a table: a row per tensor holding its output's address and its operands',
-# and its element count (kernelgen.table_kernel). Each tensor's loop body is the per-tensor
-# kernel's, so the bits are the same. Rows run in order, so a tensor listed twice sees its
-# first update, as one op per tensor would. Checks and the plan are row 0's: the others have
-# the same dtypes and scalars, so their checks are the same. A 26-tensor optimizer
-# `_foreach_add_` took 207 us calling the per-tensor loops in turn, 30-40 us as a table.
-# Large tensors keep the per-tensor loops, which share them between cores.
+# jitted loop over a table: per tensor its output's address, its operands' and its element
+# count (kernelgen.table_kernel). Each tensor's loop body is the per-tensor kernel's, so the
+# bits are the same. Tensors run in list order, so one listed twice sees its first update, as
+# with one op per tensor. Checks and the plan are those of the first call with dims: the
+# others have the same dtypes and scalars, so the same checks. The calls are compared a
+# column (one argument of every call) at a time, and addresses come with the contiguous
+# layout (`_key`), since this Python is the launch's cost: a 146-tensor AdamW step took
+# 10.5-10.9 ms calling the per-tensor loops, 5.7-6.2 ms as tables, clip_grad_norm_ 5.7 and
+# 2.0-2.3 ms (benchmarks/optimizer_step.py). Large tensors keep the per-tensor loops, which
+# share them between cores.
 
 
 def _run_table(plan, rows, inplace: bool) -> list | None:
@@ -64,71 +67,81 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
     shared = [j for j in slots if operands[j].dim() == 0]  # one 0-dim tensor for all rows
     slots = [j for j in slots if j not in shared]
     arrays = [j for j in slots if operands[j] is not out0]  # (in place: slot 0 is the output)
-    fixed = [(j, args0[j]) for j in range(len(args0)) if j not in slots and j not in shared]
-    reads_out = [j for j in slots[1:] if j not in arrays]  # in place: slots reading the output
-    first, dtypes = slots[0], [(j, operands[j].dtype) for j in slots]
-    out_size = T.STORAGE_DTYPE[dtype].itemsize
-    sizes_of = [(j, T.STORAGE_DTYPE[operands[j].dtype].itemsize) for j in arrays]
-    limit, nargs = workers.SPLIT_MIN, len(args0)
-    shapes = []
-    for args, kwargs in rows:  # (hot: one pass of plain tests per call)
-        if len(args) != nargs or (kwargs is not kwargs0 and not _same(kwargs, kwargs0)):
+    # the calls, checked a column (an argument of every call) at a time: plain passes in C
+    nargs = len(args0)
+    if any(len(args) != nargs for args, _ in rows):
+        return None
+    if any(kwargs is not kwargs0 for _, kwargs in rows):
+        if any(kwargs.keys() != kwargs0.keys() for _, kwargs in rows) or not all(
+                _all_same([kwargs[k] for _, kwargs in rows], v) for k, v in kwargs0.items()):
             return None
-        for j, value in fixed:
-            a = args[j]
-            if a is not value and not _same_scalar(a, value):
+    for j in range(nargs):
+        if j not in slots:
+            value, column = given[j] if j in shared else args0[j], [args[j] for args, _ in rows]
+            if not (all(a is value for a in column) or j not in shared and
+                    _all_same(column, value)):
                 return None
-        for j in shared:
-            if args[j] is not given[j]:
-                return None
-        shape = None
-        for j, dtype_j in dtypes:
-            a = args[j]
-            if type(a) is not NeuronTensor:
-                return None
-            key = a._key
-            if key is None or key[1] != dtype_j:
-                return None
-            if shape is None:
-                shape = key[0]
-            elif key[0] != shape:
-                return None
-        if prod(shape) >= limit:  # (0-dim tensors, a scalar parameter, are promoted as
-            return None            # tensors with dims are when a call has no others)
-        if inplace:
-            out = args[first]
-            for j in reads_out:
-                if args[j] is not out:
-                    return None
-            for j in arrays:
-                if args[j]._storage is out._storage:
-                    return None
-            for j in shared:  # (read once, before any row writes)
-                if given[j]._storage is out._storage:
-                    return None
-        shapes.append(shape)
-    outs, table, sizes = [], [], []
-    for (args, _), shape in zip(rows, shapes):
-        out = args[first] if inplace else T.new_contiguous(shape, dtype)
-        outs.append(out)
-        row = [_address(out, out_size)]
-        for j, size in sizes_of:
-            row.append(_address(args[j], size))
-        table.append(row)
-        sizes.append(prod(shape))
+    columns, keys = {j: [args[j] for args, _ in rows] for j in slots}, {}
+    for j in slots:
+        if not all(type(t) is NeuronTensor for t in columns[j]):
+            return None
+        keys[j], dtype_j = [t._key for t in columns[j]], operands[j].dtype
+        if None in keys[j] or not all(k[1] is dtype_j for k in keys[j]):
+            return None
+        if j == slots[0]:
+            shapes = [k[0] for k in keys[j]]
+        elif not all(k[0] == shape for k, shape in zip(keys[j], shapes)):
+            return None
+    sizes = np.array(list(map(prod, shapes)), dtype=np.int64)
+    if sizes.max() >= workers.SPLIT_MIN:  # (0-dim tensors, a scalar parameter, are promoted
+        return None                        # as tensors with dims are when a call has no others)
+    itemsizes = [T.STORAGE_DTYPE[dtype].itemsize] + [
+        T.STORAGE_DTYPE[operands[j].dtype].itemsize for j in arrays]
+    if inplace:
+        outs = columns[slots[0]]
+        for j in slots[1:]:
+            if j not in arrays and not all(t is o for t, o in zip(columns[j], outs)):
+                return None  # (row 0 reads its output here, another row another tensor)
+        table = np.array([[k[2] for k in keys[slots[0]]]] + [[k[2] for k in keys[j]]
+                                                             for j in arrays], dtype=np.int64)
+        reads = [(table[c + 1], itemsizes[c + 1]) for c in range(len(arrays))]
+        reads += [(T.address(given[j]), given[j].element_size()) for j in shared]
+        if _overlaps(table[0], sizes * itemsizes[0], reads, sizes):
+            return None
+    else:
+        outs = [T.new_contiguous(shape, dtype) for shape in shapes]
+        table = np.array([[o._key[2] for o in outs]] + [[k[2] for k in keys[j]]
+                                                        for j in arrays], dtype=np.int64)
     scalars = [T.address(a) if j in shared else cast(a) for j, a in enumerate(operands)
                if j not in slots] + [cast(p) for p in params]
-    kernel(np.array(table, dtype=np.int64), np.array(sizes, dtype=np.int64), *scalars)
-    elements = sum(sizes)
-    per_element = out_size * (1 + len(slots) - len(arrays)) + sum(s for _, s in sizes_of)
+    kernel(table, sizes, *scalars)  # (addresses: Note [Address tables])
+    elements = int(sizes.sum())
+    per_element = itemsizes[0] * (1 + len(slots) - len(arrays)) + sum(itemsizes[1:])
     core.launch(op.engine, elements, elements * per_element)
     return outs
 
 
-def _address(t, itemsize: int) -> int:
-    """T.address with the element size known (hot)."""
-    block = t._storage.block
-    return 0 if block is None else block.pointer + t.storage_offset() * itemsize
+def _overlaps(out_lo, out_bytes, reads, sizes) -> bool:
+    """Whether any row's output memory overlaps memory its row reads (another tensor's, or a
+    shared 0-dim tensor's, which is read once before any row writes)."""
+    out_hi = out_lo + out_bytes
+    for lo, itemsize in reads:
+        hi = lo + (sizes * itemsize if isinstance(lo, np.ndarray) else itemsize)
+        if ((lo < out_hi) & (out_lo < hi)).any():
+            return True
+    return False
+
+
+def _all_same(values: list, value) -> bool:
+    """Whether scalar arguments all equal `value` as kernel arguments (-0.0 is not 0.0)."""
+    if all(v is value for v in values):
+        return True
+    if type(value) not in (int, float) or value != value or set(map(type, values)) != {
+            type(value)} or abs(value) >= 1 << 53:
+        return all(_same_scalar(v, value) for v in values)
+    array = np.array(values)
+    return bool((array == value).all()) and (
+        value != 0 or not (np.signbit(array) != (math.copysign(1.0, value) < 0)).any())
 
 
 def _same_scalar(a, b) -> bool:
@@ -137,9 +150,6 @@ def _same_scalar(a, b) -> bool:
         math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
-def _same(kwargs, kwargs0) -> bool:
-    return kwargs.keys() == kwargs0.keys() and all(
-        kwargs[k] is v or _same_scalar(kwargs[k], v) for k, v in kwargs0.items())
 
 
 def run_many(calls, inplace: bool) -> list | None:
@@ -188,5 +198,3 @@ def _zero_dim(operands) -> bool:
 # loops, so the same bits as one op per tensor, without the per-tensor dispatch. A 16-tensor
 # `_foreach_mul_` of an optimizer step took 130 us through the per-tensor kernels, 90 us so.
 # A 0-dim tensor (a scalar parameter) goes through `run` at its turn, a launch of its own.
-
-

@@ -235,7 +235,8 @@ class NeuronTensor(torch.Tensor):
     """A tensor on the simulated NeuronCore (device `neuron:0`).
 
     Besides torch's metadata it holds `_storage`, `_nd` (see the module docstring) and, for
-    the elementwise fast path, `_key` = (shape, dtype) when it is C-contiguous (else None)
+    the elementwise fast path, `_key` = (shape, dtype, host address of the first element)
+    when it is C-contiguous (else None)
     and `_flat`, a 1-D view of its elements made on first use. `refresh` keeps them in step
     when the metadata changes in place.
     """
@@ -596,7 +597,8 @@ def make(storage, shape, stride, offset, dtype, requires_grad=False) -> NeuronTe
     t = _compat.make_wrapper(NeuronTensor, shape, stride, offset, dtype, DEVICE, requires_grad)
     t._storage = storage
     nd = t._nd = nd_view(storage, shape, stride, offset, dtype)
-    t._key = (t.shape, dtype) if nd.flags.c_contiguous else None
+    t._key = (t.shape, dtype, _address(storage, offset, dtype)) if nd.flags.c_contiguous \
+        else None
     t._flat = None
     return t
 
@@ -610,7 +612,7 @@ def make_lazy(storage, shape, stride, offset, dtype, c_contiguous: bool,
                       device=DEVICE)
     d = t.__dict__
     d["_storage"], d["_flat"] = storage, None
-    d["_key"] = (t.shape, dtype) if c_contiguous else None
+    d["_key"] = (t.shape, dtype, _address(storage, offset, dtype)) if c_contiguous else None
     return t
 
 
@@ -661,22 +663,27 @@ def attach_storage(t: NeuronTensor, shape: tuple, dtype: torch.dtype) -> NeuronT
     storage = NeuronStorage(prod(shape) * npdtype.itemsize)
     t._storage = storage
     t._flat = np.ndarray((storage.nbytes // npdtype.itemsize,), npdtype, storage.buffer)
-    t._key = (shape, dtype)  # `_nd` is made on first use, by __getattr__
+    t._key = (shape, dtype, 0 if storage.block is None else storage.block.pointer)  # (`_nd`
+    # is made on first use, by _DataField)
     return t
 
 
 def refresh(t: NeuronTensor) -> None:
     """Re-derive the cached views after the tensor's metadata changed in place."""
     nd = t._nd = nd_view(t._storage, t.shape, t.stride(), t.storage_offset(), t.dtype)
-    t._key = (t.shape, t.dtype) if nd.flags.c_contiguous else None
+    t._key = (t.shape, t.dtype, address(t)) if nd.flags.c_contiguous else None
     t._flat = None
 
 
 def address(t: NeuronTensor) -> int:
-    """The host address of t's first element (0 for a tensor without bytes)."""
-    block = t._storage.block
-    return 0 if block is None else \
-        block.pointer + t.storage_offset() * STORAGE_DTYPE[t.dtype].itemsize
+    """The host address of t's first element (0 for a tensor without bytes); `_key[2]` of a
+    contiguous tensor, where multi-tensor kernels read it."""
+    return _address(t._storage, t.storage_offset(), t.dtype)
+
+
+def _address(storage: NeuronStorage, offset: int, dtype: torch.dtype) -> int:
+    block = storage.block
+    return 0 if block is None else block.pointer + offset * STORAGE_DTYPE[dtype].itemsize
 
 
 def flat(t: NeuronTensor) -> np.ndarray:
