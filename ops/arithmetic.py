@@ -18,7 +18,7 @@ from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import fma, njit
-from neuron_eager.ops.registry import register
+from neuron_eager.ops.registry import KERNELS, register
 
 aten = torch.ops.aten
 
@@ -282,8 +282,30 @@ define("sub", lambda x, y, a: fma(-a, y, x), [aten.sub.Tensor, aten.sub.Scalar],
        check=_no_bool_sub, round_scalars=True)
 define("rsub", lambda x, y, a: fma(-a, x, y), [aten.rsub.Tensor, aten.rsub.Scalar],
        params=[("alpha", 1)], check=_no_bool_sub, round_scalars=True)
-define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar],
-       [aten.mul_.Tensor, aten.mul_.Scalar])
+define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar], [aten.mul_.Tensor])
+
+
+# Note [mul_ by a Scalar]
+# The CPU's mul_.Scalar (not mul_.Tensor with a Python number, which `x.mul_(0.1)` calls, nor
+# mul.Scalar) rounds its scalar to a bf16/fp16 tensor's dtype first; its foreach mul_ (the
+# optimizers' momentum and weight decay) calls it, so bf16 training needs the same bits.
+def _dtype_rounded(x, other):
+    if isinstance(x, torch.Tensor) and x.dtype in _REDUCED and _is_number(other):
+        return _reduced(other, x.dtype)
+    return other
+
+
+@register(aten.mul_.Scalar)
+def mul_scalar_(x, other):
+    return KERNELS[aten.mul_.Tensor](x, _dtype_rounded(x, other))
+
+
+mul_scalar_.checks_devices = True
+
+
+@E.fusible_inplace(aten.mul_.Scalar)
+def _plan_mul_scalar_(x, other):
+    return E.FUSIBLE_INPLACE[aten.mul_.Tensor](x, _dtype_rounded(x, other))
 define("div", lambda x, y: x / y, [aten.div.Tensor, aten.div.Scalar],
        [aten.div_.Tensor, aten.div_.Scalar], kind="int_to_float")
 

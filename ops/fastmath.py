@@ -130,6 +130,7 @@ def log1p_f32(x):  # Note [branch-free]
     d = u - f32(1)  # exact
     r = log_f32(u) * (x / d)
     r = x if d == f32(0) else r  # |x| under half an ulp of 1: log1p(x) rounds to x
+    r = _NAN if x < f32(-1) else r  # (-inf: NaN times NaN, whose sign a vector loop may flip)
     return x if x == _INF else r
 
 

@@ -26,10 +26,14 @@ def run(plan, rows, inplace: bool) -> list | None:
     """The calls `rows` of the op that `plan` parses (E.FUSIBLE / E.FUSIBLE_INPLACE) as one
     launch; with `inplace` each writes its first argument. Their results, or None with
     nothing run when a call needs the general path (broadcasts, strided tensors)."""
-    done = _run_table(plan, rows, inplace)
-    if done is not None:
-        return done
-    return run_many([plan(*a, **kw) for a, kw in rows], inplace)  # (raises before any run)
+    try:
+        done = _run_table(plan, rows, inplace)
+        if done is not None:
+            return done
+        calls = [plan(*a, **kw) for a, kw in rows]
+    except Exception:  # noqa: BLE001  (a call the op refuses: one by one, the calls before it
+        return None    # run and it raises, leaving what the CPU leaves)
+    return run_many(calls, inplace)
 
 
 # Note [Address tables]
@@ -92,6 +96,8 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
             shapes = [k[0] for k in keys[j]]
         elif not all(k[0] == shape for k, shape in zip(keys[j], shapes)):
             return None
+    if shared and () in shapes:
+        return None  # (a 0-dim call promotes with a shared 0-dim tensor as tensors with dims do)
     sizes = np.array(list(map(prod, shapes)), dtype=np.int64)
     if sizes.max() >= workers.SPLIT_MIN:  # (0-dim tensors, a scalar parameter, are promoted
         return None                        # as tensors with dims are when a call has no others)

@@ -140,7 +140,17 @@ _SCALAR_OPS = {  # (Note [Reduced-precision scalars] in ops/arithmetic.py)
     "foreach add int": lambda a: torch._foreach_add([a, a], 4099)[1],
     "remainder int": lambda a: a.remainder(4099),
     "mul int": lambda a: a * 4099,
+    # the CPU's mul_.Scalar rounds its scalar (Note [mul_ by a Scalar]); its foreach mul_ too
+    "aten mul_.Scalar": lambda a: torch.ops.aten.mul_.Scalar(a.clone(), 0.587),
+    "foreach mul_": lambda a: _foreach_(torch._foreach_mul_, a, 0.587),
+    "foreach mul_ list": lambda a: _foreach_(torch._foreach_mul_, a, [0.587, 70000.0]),
 }
+
+
+def _foreach_(op, a, scalar):
+    pair = [a.clone(), a.clone() * 2]
+    op(pair, scalar)
+    return torch.cat(pair)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

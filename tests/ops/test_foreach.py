@@ -1,4 +1,8 @@
 """aten._foreach_* ops (ops/foreach.py): optimizer steps and clip_grad_norm_ match the CPU."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -210,6 +214,16 @@ def test_a_foreach_op_that_fails_on_one_tensor_leaves_what_the_cpu_leaves():
             torch._foreach_div_(lists, 3.0)
     for got, expected in zip(dev, cpu):
         assert torch.equal(got.cpu(), expected)
+    # a scalar of a list that the second call refuses; an op without an in-place aten op
+    ints = [torch.arange(3, dtype=torch.int32), torch.arange(2, dtype=torch.int32)]
+    floats = [torch.full((3,), -2.5), torch.full((2,), 0.5)]
+    for lists, others in ((ints, floats), ([t.to(NEURON) for t in ints],
+                                           [t.to(NEURON) for t in floats])):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type Int"):
+            torch._foreach_sub_(lists, [1, 2.5])
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type Int"):
+            torch._foreach_minimum_(lists, others)
+        assert [t.tolist() for t in lists] == [[-1, 0, 1], [0, 1]]
 
 
 def _tables(monkeypatch) -> list:
@@ -279,19 +293,24 @@ def test_a_shared_0_dim_tensor_is_one_value_for_every_row(dtype, monkeypatch, se
     """clip_grad_norm_'s `_foreach_mul_(grads, clip_coef)`: the 0-dim tensor is read by the
     kernel, cast first where TensorIterator casts it (int64 257 is bf16's 256 in an add; mul
     reads fp32 1.0035 whole), and a list that updates it runs tensor by tensor."""
-    cpu, z = [torch.randn(s).to(dtype) for s in [(64, 3), (5,), (), (0,)]], torch.tensor(1.0035)
+    cpu, z = [torch.randn(s).to(dtype) for s in [(64, 3), (5,), (0,)]], torch.tensor(1.0035)
     dev, z_dev = [t.to(NEURON) for t in cpu], z.to(NEURON)
     ran = _tables(monkeypatch)
     torch._foreach_mul_(cpu, z)
     torch._foreach_mul_(dev, z_dev)
     n, n_dev = torch.tensor(257), torch.tensor(257, device=NEURON)
     new_cpu, new_dev = torch._foreach_add(cpu, n), torch._foreach_add(dev, n_dev)
-    assert ran == [True, True], ran
+    # a 0-dim call promotes with the shared one as tensors with dims do: bf16 * fp32 is fp32
+    scalar = torch.tensor(1.5).to(dtype)  # (with a 0-dim call the calls run one by one)
+    mixed_cpu, mixed_dev = torch._foreach_mul([cpu[0], scalar], z), \
+        torch._foreach_mul([dev[0], scalar.to(NEURON)], z_dev)
+    assert ran == [True, True, False], ran
     writes_z_cpu, writes_z_dev = [z.clone(), cpu[0]], [z_dev.clone(), dev[0]]
     torch._foreach_mul_(writes_z_cpu, writes_z_cpu[0])  # (the second row reads z squared)
     torch._foreach_mul_(writes_z_dev, writes_z_dev[0])
-    assert ran[2] is False
-    for got, expected in zip([*dev, *new_dev, *writes_z_dev], [*cpu, *new_cpu, *writes_z_cpu]):
+    assert ran[3] is False
+    for got, expected in zip([*dev, *new_dev, *writes_z_dev, *mixed_dev],
+                             [*cpu, *new_cpu, *writes_z_cpu, *mixed_cpu]):
         assert got.dtype == expected.dtype and torch.equal(got.cpu(), expected)
 
 
@@ -312,3 +331,25 @@ def test_foreach_norm_gives_each_tensor_its_per_tensor_bits(dtype, monkeypatch, 
             torch.testing.assert_close(got.cpu(), expected, rtol=2e-2 if dtype != torch.float32
                                        else 1e-5, atol=0)
     assert [r is not None for r in ran] == [True, True, False]
+
+
+_NAN_SIGNS = """
+import torch, neuron_eager
+values = [0.5, float("-inf"), 1.0, -1e30, 2.0, 3.0, 4.0, 5.0, -2.0, -1.0, float("nan")]
+for dtype, bits in ((torch.float32, torch.int32), (torch.float16, torch.int16)):
+    dev = [torch.tensor(values[:k], dtype=dtype, device="neuron") for k in (8, 11, 3)]
+    dev.append(torch.full((3,), -float("inf"), dtype=dtype, device="neuron"))
+    for got, t in zip(torch._foreach_log1p(dev), dev):
+        assert torch.equal(got.cpu().view(bits), torch.log1p(t).cpu().view(bits)), (got, t)
+print("same bits")
+"""
+
+
+def test_nan_signs_of_a_table_are_the_per_tensor_kernels():
+    """log1p(-inf) multiplied two NaNs, whose sign the table's vector loop and the per-tensor
+    loop took from different operands; a NaN result is now the one constant. (Vector loops
+    need a process without the tests' bounds checks, which keep loops scalar.)"""
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="0")
+    run = subprocess.run([sys.executable, "-c", _NAN_SIGNS], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0 and "same bits" in run.stdout, run.stderr[-2000:]
