@@ -24,13 +24,17 @@ MIN_BLOCK = 256
 class OutOfMemory(Exception):
     """The simulated HBM cannot hold a request, even after releasing its cache."""
 
-    def __init__(self, requested: int, free: int, capacity: int, allocated: int, reserved: int):
+    def __init__(self, requested: int, free: int, capacity: int, allocated: int, reserved: int,
+                 fraction: float = 1.0):
         self.requested, self.free, self.capacity = requested, free, capacity
         self.allocated, self.reserved = allocated, reserved
+        limit = "" if fraction == 1.0 else (
+            f" This process may use {fraction:g} of it "
+            f"(torch.neuron.set_per_process_memory_fraction).")
         super().__init__(
             f"Neuron out of memory. Tried to allocate {format_bytes(requested)}; the simulated HBM "
-            f"has a capacity of {format_bytes(capacity)} of which {format_bytes(free)} is free. "
-            f"{format_bytes(allocated)} is allocated by tensors and "
+            f"has a capacity of {format_bytes(capacity)} of which {format_bytes(free)} is free."
+            f"{limit} {format_bytes(allocated)} is allocated by tensors and "
             f"{format_bytes(reserved)} reserved by the caching allocator. Free tensors, call "
             f"torch.neuron.empty_cache(), or set NEURON_EAGER_HBM_BYTES to simulate a larger "
             f"HBM.")
@@ -114,6 +118,7 @@ class CachingAllocator:
 
     def __init__(self, capacity: int):
         self.capacity = int(capacity)
+        self.fraction = 1.0  # of the capacity this process may reserve (as CUDA's setting)
         # Reentrant: the garbage collector may run inside malloc (while a block's buffer is
         # made) and free a storage there, on the same thread; free's updates are complete
         # increments, so malloc continues consistently.
@@ -262,10 +267,11 @@ class CachingAllocator:
 
     # -- internals --------------------------------------------------------------------
     def _new_block(self, size: int, requested: int) -> Block:
-        if self.reserved + size > self.capacity:
+        limit = self.capacity if self.fraction == 1.0 else int(self.capacity * self.fraction)
+        if self.reserved + size > limit:
             self._counters["num_alloc_retries"] += 1
             self._release_cached()
-            if self.reserved + size > self.capacity:
+            if self.reserved + size > limit:
                 self._raise_oom(requested)
         try:
             block = Block(self._next_address, size)
@@ -290,7 +296,7 @@ class CachingAllocator:
         self._counters["num_ooms"] += 1
         reserved = self.reserved
         raise OutOfMemory(requested, self.capacity - reserved, self.capacity, self.allocated,
-                          reserved) from None
+                          reserved, self.fraction) from None
 
     def _release_cached(self) -> None:
         for blocks in self._cache.values():

@@ -9,6 +9,7 @@ NeuronCore, so there is one device.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -190,6 +191,45 @@ def reset_peak_memory_stats(device=None) -> None:
 def reset_accumulated_memory_stats(device=None) -> None:
     _index(device)
     core.hbm.reset_accumulated_stats()
+
+
+def set_per_process_memory_fraction(fraction, device=None) -> None:
+    """Let this process reserve at most `fraction` of the simulated HBM (as CUDA's: an
+    allocation past it raises the out-of-memory error)."""
+    _index(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    core.hbm.fraction = fraction
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    _index(device)
+    return core.hbm.fraction
+
+
+def _deprecated(name: str, replacement, message: str):
+    def call(device=None):
+        warnings.warn(f"torch.neuron.{name} {message}", FutureWarning, stacklevel=2)
+        return replacement(device)
+
+    call.__name__ = name
+    call.__doc__ = f"Deprecated, as torch.cuda.{name}: {replacement.__name__}."
+    return call
+
+
+# CUDA's deprecated names, which ported scripts still call
+memory_cached = _deprecated("memory_cached", memory_reserved,
+                            "has been renamed to torch.neuron.memory_reserved")
+max_memory_cached = _deprecated("max_memory_cached", max_memory_reserved,
+                                "has been renamed to torch.neuron.max_memory_reserved")
+reset_max_memory_allocated = _deprecated(
+    "reset_max_memory_allocated", reset_peak_memory_stats,
+    "now calls torch.neuron.reset_peak_memory_stats, which resets /all/ peak memory stats.")
+reset_max_memory_cached = _deprecated(
+    "reset_max_memory_cached", reset_peak_memory_stats,
+    "now calls torch.neuron.reset_peak_memory_stats, which resets /all/ peak memory stats.")
 
 
 def empty_cache() -> None:

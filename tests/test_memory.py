@@ -85,6 +85,41 @@ def test_out_of_memory_then_recovery():
         hbm.set_capacity(old)
 
 
+def test_per_process_memory_fraction_limits_reservations_as_on_cuda():
+    hbm = core.hbm
+    gc.collect()
+    hbm.empty_cache()
+    assert torch.neuron.get_per_process_memory_fraction() == 1.0
+    with pytest.raises(TypeError, match="must be `float`"):
+        torch.neuron.set_per_process_memory_fraction(1)
+    with pytest.raises(ValueError, match="Invalid fraction value: 1.5. Allowed range: 0~1"):
+        torch.neuron.set_per_process_memory_fraction(1.5)
+    fraction = (hbm.reserved + 8 * 2**20) / hbm.capacity
+    torch.neuron.set_per_process_memory_fraction(fraction)
+    try:
+        keep = torch.empty(6 * 2**20 // 4, device="neuron")
+        with pytest.raises(torch.OutOfMemoryError, match="set_per_process_memory_fraction"):
+            torch.empty(4 * 2**20 // 4, device="neuron")
+        assert torch.neuron.mem_get_info()[1] == hbm.capacity  # (the total is unchanged)
+        del keep
+    finally:
+        torch.neuron.set_per_process_memory_fraction(1.0)
+        gc.collect()
+        hbm.empty_cache()
+    assert torch.empty(4 * 2**20 // 4, device="neuron").numel() == 2**20
+
+
+def test_cudas_deprecated_memory_names_warn_and_answer():
+    x = torch.empty(1000, device="neuron")  # noqa: F841
+    with pytest.warns(FutureWarning, match="renamed to torch.neuron.memory_reserved"):
+        assert torch.neuron.memory_cached() == torch.neuron.memory_reserved()
+    with pytest.warns(FutureWarning, match="renamed to torch.neuron.max_memory_reserved"):
+        assert torch.neuron.max_memory_cached() == torch.neuron.max_memory_reserved()
+    with pytest.warns(FutureWarning, match="resets /all/ peak memory stats"):
+        torch.neuron.reset_max_memory_allocated()
+    assert torch.neuron.max_memory_allocated() == torch.neuron.memory_allocated()
+
+
 def test_hbm_size_from_environment():
     code = ("import torch, neuron_eager\n"
             "print(torch.neuron.get_device_properties().total_memory)\n"
