@@ -1,11 +1,12 @@
 """An optimizer step and clip_grad_norm_ over many parameters: address tables vs one kernel
 call per tensor vs torch CPU.
 
-    python benchmarks/optimizer_step.py [--repeat 21] [--layers 12]
+    python benchmarks/optimizer_step.py [--repeat 21] [--layers 12] [--width 64]
 
 The parameters are a GPT-2-style stack's (per layer: two LayerNorms, attention and MLP
-weights and biases; width 64), so the foreach ops run over lists of 12 * 12 + 2 tensors of
-mixed sizes. Rows: AdamW's foreach step (weight decay on matrices, two param groups, as
+weights and biases), so the foreach ops run over lists of 12 * layers + 2 tensors of mixed
+sizes; from width 256 the MLP matrices have 256K elements or more and run their own loops
+beside the table (Note [Large tensors in a table]). Rows: AdamW's foreach step (weight decay on matrices, two param groups, as
 nanoGPT configures it), clip_grad_norm_(1.0) with foreach, and both. Sides, in one run:
 torch CPU; neuron plain eager with each foreach op calling the per-tensor kernel once per
 tensor (multitensor's table path off: the code before 2026-12-07's fifth session); neuron
@@ -75,15 +76,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=21)
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--width", type=int, default=64)
     args = parser.parse_args(argv)
-    n = len(_parameters(args.layers, 64, "cpu"))
-    print(f"{n} parameter tensors ({args.layers} layers, width 64); median ms of "
+    n = len(_parameters(args.layers, args.width, "cpu"))
+    print(f"{n} parameter tensors ({args.layers} layers, width {args.width}); median ms of "
           f"{args.repeat} steps")
     print(f"{'step':18s}{'torch CPU':>11s}{'per tensor':>12s}{'tables':>9s}"
           f"{'tables vs per tensor':>23s}{'tables vs CPU':>15s}")
-    cpu = _steps(_parameters(args.layers, 64, "cpu"))
-    per_tensor = _steps(_parameters(args.layers, 64, "neuron"))
-    tables = _steps(_parameters(args.layers, 64, "neuron"))
+    cpu = _steps(_parameters(args.layers, args.width, "cpu"))
+    per_tensor = _steps(_parameters(args.layers, args.width, "neuron"))
+    tables = _steps(_parameters(args.layers, args.width, "neuron"))
     for name in cpu:
         c = median_ms(cpu[name], args.repeat)
         with _PerTensor():

@@ -418,6 +418,7 @@ _IDIV_FLOOR = E.Elementwise("idiv_floor", njit(lambda x, y: x // y if y != 0 els
 def _floor(x, y, out=None):
     _no_bool("div_floor_cpu")(x, y)
     check_integer_divisor(x, y)
+    x = _dtype_rounded(y, x)  # (a Python dividend: 0.1 // bf16 divides bf16's 0.1)
     floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
     return E.run(_DIV_FLOOR if floating else _IDIV_FLOOR, [x, y], out=out)
 
@@ -427,6 +428,7 @@ def _div_mode(x, y, mode, out=None):
         return E.run(_DIV, [x, y], out=out)
     if mode == "floor":
         return _floor(x, y, out)
+    x = _dtype_rounded(y, x)  # (as in _floor)
     floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
     if mode == "trunc":
         _no_bool("div_trunc_cpu")(x, y)
@@ -487,7 +489,7 @@ for _name, _fn in [("eq", lambda x, y: x == y), ("ne", lambda x, y: x != y),
                    ("gt", lambda x, y: x > y), ("ge", lambda x, y: x >= y)]:
     _packet, _packet_ = getattr(aten, _name), getattr(aten, _name + "_")
     define(_name, _fn, [_packet.Tensor, _packet.Scalar], [_packet_.Tensor, _packet_.Scalar],
-           kind="always_bool")
+           kind="always_bool", round_scalars=True)  # (bf16 x == 0.1 compares with bf16's 0.1)
 
 define("logical_and", lambda x, y: (x != 0) and (y != 0), [aten.logical_and.default],
        [aten.logical_and_.default], kind="always_bool")

@@ -273,22 +273,27 @@ def scalar_tensors_cast(op: Elementwise, operands):
                 zero = True
             else:
                 wide = True
+        elif isinstance(a, torch.Tensor):  # (a CPU 0-dim tensor, read on the host)
+            zero = True
     if not (zero and wide):
         return operands
     target = result_type(*operands) if op.kind == "always_bool" else promotion(op, operands)[0]
-    return tuple(_scalar_tensor_cast(op, k, a, target) if type(a) is NeuronTensor and
+    return tuple(_scalar_tensor_cast(op, k, a, target) if isinstance(a, torch.Tensor) and
                  a.dim() == 0 and a.dtype != target and (
                      torch.promote_types(a.dtype, target) != target or
                      target.is_floating_point and not a.dtype.is_floating_point) else a
                  for k, a in enumerate(operands))
 
 
+_OPMATH_DIVISORS = ("mul", "div", "div_floor", "div_trunc")
+
+
 def _scalar_tensor_cast(op: Elementwise, k: int, a: NeuronTensor, target: torch.dtype):
-    """A 0-dim operand cast for `scalar_tensors_cast`. The CPU's mul and div of bf16/fp16 read
-    a one-value second operand at fp32 (`original_scalar_value<opmath_t>`), as they read a
+    """A 0-dim operand cast for `scalar_tensors_cast`. The CPU's mul and divisions of bf16/fp16
+    read a one-value second operand at fp32 (`original_scalar_value<opmath_t>`), as they read a
     Python scalar (Note [Reduced-precision scalars] in arithmetic.py): clip_grad_norm_'s
     `grads * clip_coef` multiplies by the fp32 coefficient."""
-    if k == 1 and op.name in ("mul", "div") and target in (torch.bfloat16, torch.float16):
+    if k == 1 and op.name in _OPMATH_DIVISORS and target in (torch.bfloat16, torch.float16):
         return a if a.dtype == torch.float32 else a.to(torch.float32)
     return a.to(target)
 

@@ -99,8 +99,13 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
     if shared and () in shapes:
         return None  # (a 0-dim call promotes with a shared 0-dim tensor as tensors with dims do)
     sizes = np.array(list(map(prod, shapes)), dtype=np.int64)
-    if sizes.max() >= workers.SPLIT_MIN:  # (0-dim tensors, a scalar parameter, are promoted
-        return None                        # as tensors with dims are when a call has no others)
+    large = np.flatnonzero(sizes >= workers.SPLIT_MIN)  # (Note [Large tensors in a table])
+    if len(large):
+        if shared:
+            return None
+        alone = _alone_plans(op, operands, columns, slots, large, inplace)
+        if alone is None:
+            return None
     itemsizes = [T.STORAGE_DTYPE[dtype].itemsize] + [
         T.STORAGE_DTYPE[operands[j].dtype].itemsize for j in arrays]
     if inplace:
@@ -112,7 +117,8 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
                                                              for j in arrays], dtype=np.int64)
         reads = [(table[c + 1], itemsizes[c + 1]) for c in range(len(arrays))]
         reads += [(T.address(given[j]), given[j].element_size()) for j in shared]
-        if _overlaps(table[0], sizes * itemsizes[0], reads, sizes):
+        if _overlaps(table[0], sizes * itemsizes[0], reads, sizes) or len(large) and \
+                not _rows_apart(table, sizes, itemsizes):
             return None
     else:
         outs = [T.new_contiguous(shape, dtype) for shape in shapes]
@@ -120,11 +126,67 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
                                                         for j in arrays], dtype=np.int64)
     scalars = [T.address(a) if j in shared else cast(a) for j, a in enumerate(operands)
                if j not in slots] + [cast(p) for p in params]
-    kernel(table, sizes, *scalars)  # (addresses: Note [Address tables])
-    elements = int(sizes.sum())
     per_element = itemsizes[0] * (1 + len(slots) - len(arrays)) + sum(itemsizes[1:])
-    core.launch(op.engine, elements, elements * per_element)
+    moved = 0
+    if len(large):
+        for k, (fast, row) in zip(large, alone):
+            kernel_k, _, cast_k, exact = fast
+            out = outs[k]
+            args = [T.flat(a) if type(a) is NeuronTensor else cast_k(a) for a in row
+                    if a is not out]
+            moved += E.run_fast(op, kernel_k, T.flat(out), args, params, cast_k, exact,
+                                len(row) - len(args), not inplace)
+        small = np.flatnonzero(sizes < workers.SPLIT_MIN)
+        table, sizes_small = table[:, small], sizes[small]
+    else:
+        sizes_small = sizes
+    if len(sizes_small):
+        kernel(table, sizes_small, *scalars)  # (addresses: Note [Address tables])
+    small_elements = int(sizes_small.sum())
+    core.launch(op.engine, int(sizes.sum()), small_elements * per_element + moved)
     return outs
+
+
+# Note [Large tensors in a table]
+# A tensor of SPLIT_MIN elements or more runs its per-tensor loop, which the cores share,
+# and the others run as the table; so the tensors no longer run in list order, which is the
+# same only when no tensor's update is what another reads or writes (`_rows_apart`, on the
+# addresses). New results are fresh memory, so functional ops always qualify.
+
+
+def _alone_plans(op, operands, columns, slots, large, inplace) -> list | None:
+    """(per-tensor fast plan, operands) of each large call, None when one has none."""
+    plans = []
+    for k in large:
+        row = list(operands)
+        for j in slots:
+            row[j] = columns[j][k]
+        fast = E.fast_into(op, row, row[0]) if inplace else E.fast_new(op, row)
+        if fast is None:
+            return None
+        plans.append((fast if inplace else fast[0], row))
+    return plans
+
+
+def _rows_apart(table, sizes, itemsizes) -> bool:
+    """Whether no row's output overlaps another row's output or operands (rows with no
+    elements aside): then the rows may run in any order, or side by side."""
+    live = sizes > 0
+    lo = table[0][live]
+    hi = lo + sizes[live] * itemsizes[0]
+    order = np.argsort(lo, kind="stable")
+    lo, hi, owner = lo[order], hi[order], np.flatnonzero(live)[order]
+    if (lo[1:] < hi[:-1]).any():
+        return False
+    for c in range(1, len(table)):
+        read_lo = table[c][live]
+        read_hi = read_lo + sizes[live] * itemsizes[c]
+        last = np.searchsorted(lo, read_hi, side="left") - 1  # last output starting before
+        hit = (last >= 0) & (hi[np.maximum(last, 0)] > read_lo) & (
+            owner[np.maximum(last, 0)] != np.flatnonzero(live))
+        if hit.any():
+            return False
+    return True
 
 
 def _overlaps(out_lo, out_bytes, reads, sizes) -> bool:

@@ -14,7 +14,7 @@ from numba.extending import overload
 
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
-from neuron_eager.ops.arithmetic import _no_bool, define
+from neuron_eager.ops.arithmetic import _dtype_rounded, _no_bool, define
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
@@ -122,7 +122,7 @@ def _pow_any_typed(x, y):
 # bool ** bool has no CPU kernel with a tensor exponent (x ** True works: the CPU copies x)
 _POW_ANY = define("pow_tensor", lambda x, y: _pow_any(x, y),
                   [aten.pow.Tensor_Tensor, aten.pow.Scalar], [aten.pow_.Tensor], engine="scalar",
-                  check=_no_bool("pow"))
+                  check=_no_bool("pow"), round_scalars=True)  # (a scalar base: 0.1 ** x)
 
 
 def _pow_scalar_op(dtype: torch.dtype):
@@ -130,10 +130,13 @@ def _pow_scalar_op(dtype: torch.dtype):
     return _POW_ANY if dtype == torch.float16 else _POW
 
 
+# A bf16/fp16 tensor's scalar exponent is rounded to its dtype first, as the CPU rounds it
+# (bf16 x ** 257 is x ** 256; Note [Reduced-precision scalars] in arithmetic.py).
 @register(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(x, exponent):
     dtype = E.result_type(x, exponent)
-    _check_scalar_exponent(x, exponent, dtype)
+    _check_scalar_exponent(x, exponent, dtype)  # (before the rounding: 1e39 does not fit)
+    exponent = _dtype_rounded(x, exponent)
     return E.run(_pow_scalar_op(dtype), [x, exponent])
 
 
@@ -141,6 +144,7 @@ def pow_tensor_scalar(x, exponent):
 def pow_scalar_(x, exponent):
     E.check_castable(E.result_type(x, exponent), x.dtype)
     _check_scalar_exponent(x, exponent, x.dtype)
+    exponent = _dtype_rounded(x, exponent)
     return E.run(_pow_scalar_op(x.dtype), [x, exponent], out=x)
 
 
@@ -151,6 +155,7 @@ pow_tensor_scalar.checks_devices = pow_scalar_.checks_devices = True
 def _pow_tensor_scalar_plan(x, exponent):
     dtype = E.result_type(x, exponent)
     _check_scalar_exponent(x, exponent, dtype)
+    exponent = _dtype_rounded(x, exponent)
     return _pow_scalar_op(dtype), [x, exponent], ()
 
 
@@ -158,4 +163,5 @@ def _pow_tensor_scalar_plan(x, exponent):
 def _pow_scalar_plan_(x, exponent):
     E.check_castable(E.result_type(x, exponent), x.dtype)
     _check_scalar_exponent(x, exponent, x.dtype)
+    exponent = _dtype_rounded(x, exponent)
     return _pow_scalar_op(x.dtype), [x, exponent], ()

@@ -650,6 +650,18 @@ SCALAR_TENSOR_CASES = {
                                                                             dtype=torch.float64),
     "bf16 * int64 0-dim": lambda d: torch.tensor([1., 3.], dtype=torch.bfloat16, device=d)
     * torch.tensor(257, device=d),
+    # floor and trunc division read their divisor as mul and div do; a CPU 0-dim tensor (read
+    # on the host) is cast as a device one
+    "bf16 // float32 0-dim": lambda d: torch.tensor([3., 256.], dtype=torch.bfloat16,
+                                                    device=d) // torch.tensor(1.0035, device=d),
+    "fp16 trunc-div by float32 0-dim": lambda d: torch.div(
+        torch.tensor([float("inf"), 3.], dtype=torch.float16, device=d),
+        torch.tensor(70000.0, device=d), rounding_mode="trunc"),
+    "bf16 + a CPU float32 0-dim": lambda d: torch.tensor([1., 3.], dtype=torch.bfloat16,
+                                                         device=d) + torch.tensor(257.0),
+    "CPU float32 0-dim * bf16": lambda d: torch.tensor(257.0) * torch.tensor(
+        [-3., 1.], dtype=torch.bfloat16, device=d),
+    "0.1 // bf16": lambda d: 0.1 // torch.tensor([0.1, 3.0], dtype=torch.bfloat16, device=d),
 }
 
 

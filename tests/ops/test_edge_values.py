@@ -144,7 +144,19 @@ _SCALAR_OPS = {  # (Note [Reduced-precision scalars] in ops/arithmetic.py)
     "aten mul_.Scalar": lambda a: torch.ops.aten.mul_.Scalar(a.clone(), 0.587),
     "foreach mul_": lambda a: _foreach_(torch._foreach_mul_, a, 0.587),
     "foreach mul_ list": lambda a: _foreach_(torch._foreach_mul_, a, [0.587, 70000.0]),
+    # comparisons round theirs too: bf16 0.587 == 0.587
+    "eq": lambda a: _with_values(a, 0.587, 4099.0) == 0.587,
+    "ge int": lambda a: _with_values(a, 0.587, 4099.0).ge(4099),
+    "lt_": lambda a: _with_values(a, 0.587, 4099.0).lt_(4099),
+    # and pow its exponent: bf16 (-1) ** 257 is (-1) ** 256
+    "pow 257": lambda a: a.new_tensor([-1.0, -2.0, 0.5, 1.0]).pow(4099),
+    "foreach pow_ 257": lambda a: _foreach_(torch._foreach_pow_, a.new_tensor([-1.0, -2.0]),
+                                           4099),
 }
+
+
+def _with_values(a, *values):
+    return torch.cat([a, a.new_tensor(values)])
 
 
 def _foreach_(op, a, scalar):

@@ -353,3 +353,30 @@ def test_nan_signs_of_a_table_are_the_per_tensor_kernels():
     run = subprocess.run([sys.executable, "-c", _NAN_SIGNS], capture_output=True, text=True,
                          env=env, timeout=600)
     assert run.returncode == 0 and "same bits" in run.stdout, run.stderr[-2000:]
+
+
+def test_large_tensors_of_a_table_run_alone_when_no_row_reads_another(monkeypatch, seed):
+    """A tensor of SPLIT_MIN elements or more runs its own (shared-between-cores) loop and
+    the rest the table (Note [Large tensors in a table]), unless an update is what another
+    row reads: then list order matters and the calls run one by one."""
+    from neuron_eager.ops import workers
+
+    big = workers.SPLIT_MIN + 3
+    cpu = [torch.randn(5, 3), torch.randn(big), torch.randn(7)]
+    other = [torch.rand(t.shape) + 0.5 for t in cpu]
+    dev, other_dev = [t.to(NEURON) for t in cpu], [t.to(NEURON) for t in other]
+    ran = _tables(monkeypatch)
+    for lists, others in ((cpu, other), (dev, other_dev)):
+        torch._foreach_addcmul_(lists, others, others, value=-0.5)
+        torch._foreach_mul_(lists, 1.5)
+    roots = torch._foreach_sqrt(other_dev)  # (the engines' sqrt: the per-tensor op's bits)
+    assert ran == [True, True, True], ran
+    for got, expected in zip([*dev, *roots], [*cpu, *[torch.sqrt(t).cpu() for t in other_dev]]):
+        assert torch.equal(got.cpu(), expected)
+    # the first row reads the large row's first 15 elements before that row's update
+    for lists in (cpu, dev):
+        torch._foreach_add_(lists, [lists[1][:15].view(5, 3), lists[1].new_ones(big),
+                                    lists[2] * 0])
+    assert ran[-1] is False
+    for got, expected in zip(dev, cpu):
+        assert torch.equal(got.cpu(), expected)
