@@ -330,6 +330,8 @@ def fill_tensor_(x, value):
     if value.dim() != 0:
         raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with "
                            f"{value.dim()} dimensions.")
+    if x.dtype.is_floating_point and value.dtype.is_floating_point:
+        value = value.to(x.dtype)  # (a tensor's value is cast, not range-checked: fp16 inf)
     return fill(x, value.item())
 
 

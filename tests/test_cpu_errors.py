@@ -709,6 +709,22 @@ SCALARS_THAT_DO_NOT_FIT = {
 }
 
 
+# ... and values it converts without a check (a sweep found each raising here)
+VALUES_CAST_WITHOUT_A_CHECK = {
+    "threshold's threshold, fp16": lambda x: F.threshold(x.half(), 70000.0, 1.0),
+    "fill_ with a float32 tensor, fp16": lambda x: x.half().fill_(torch.tensor(70000.0)),
+    "fill_ with a float64 tensor": lambda x: x.fill_(torch.tensor(1e39, dtype=torch.float64)),
+}
+
+
+@pytest.mark.parametrize("name", VALUES_CAST_WITHOUT_A_CHECK)
+def test_values_cast_without_a_check_as_on_cpu(name):
+    x = torch.tensor([1.5, -2.0])
+    expected = VALUES_CAST_WITHOUT_A_CHECK[name](x.clone())
+    got = VALUES_CAST_WITHOUT_A_CHECK[name](x.to("neuron"))
+    assert got.dtype == expected.dtype and torch.equal(got.cpu(), expected)
+
+
 @pytest.mark.parametrize("adaptive", [False, True], ids=["plain", "adaptive"])
 @pytest.mark.parametrize("name", SCALARS_THAT_DO_NOT_FIT)
 def test_scalars_that_do_not_fit_raise_as_on_cpu(name, adaptive):
