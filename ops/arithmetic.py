@@ -483,24 +483,6 @@ define("minimum", _minimum.py_func, [aten.minimum.default])
 define("atan2", lambda x, y: np.arctan2(x, y), [aten.atan2.default], [aten.atan2_.default],
        kind="int_to_float", engine="scalar")
 
-# -- comparisons and logic ---------------------------------------------------------------
-for _name, _fn in [("eq", lambda x, y: x == y), ("ne", lambda x, y: x != y),
-                   ("lt", lambda x, y: x < y), ("le", lambda x, y: x <= y),
-                   ("gt", lambda x, y: x > y), ("ge", lambda x, y: x >= y)]:
-    _packet, _packet_ = getattr(aten, _name), getattr(aten, _name + "_")
-    define(_name, _fn, [_packet.Tensor, _packet.Scalar], [_packet_.Tensor, _packet_.Scalar],
-           kind="always_bool", round_scalars=True)  # (bf16 x == 0.1 compares with bf16's 0.1)
-
-define("logical_and", lambda x, y: (x != 0) and (y != 0), [aten.logical_and.default],
-       [aten.logical_and_.default], kind="always_bool")
-define("logical_or", lambda x, y: (x != 0) or (y != 0), [aten.logical_or.default],
-       [aten.logical_or_.default], kind="always_bool")
-define("logical_xor", lambda x, y: (x != 0) != (y != 0), [aten.logical_xor.default],
-       [aten.logical_xor_.default], kind="always_bool")
-define("logical_not", lambda x: x == 0, [aten.logical_not.default], operands=1,
-       kind="always_bool")
-define("isnan", lambda x: x != x, [aten.isnan.default], operands=1, kind="always_bool")
-
 # -- unary arithmetic --------------------------------------------------------------------
 define("neg", lambda x: -x, [aten.neg.default], [aten.neg_.default], operands=1,
        check=_no_bool_neg)

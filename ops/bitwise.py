@@ -1,7 +1,8 @@
-"""Bitwise and integer-only elementwise ops: and / or / xor / not, shifts, gcd, lcm.
+"""Comparisons, logic, bitwise and integer-only elementwise ops: eq / lt / ..., logical_and /
+..., isnan, bitwise and / or / xor / not, shifts, gcd, lcm.
 
-Defined with arithmetic's `define` (the same functional, in-place and out= forms); each
-refuses the float operands (and, for the integer-only ones, bool) that the CPU has no
+Defined with arithmetic's `define` (the same functional, in-place and out= forms); the
+bitwise ones refuse the float operands (and the integer-only ones bool) that the CPU has no
 kernel for, in its words.
 """
 from __future__ import annotations
@@ -15,6 +16,25 @@ from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
+
+
+# -- comparisons and logic ---------------------------------------------------------------
+for _name, _fn in [("eq", lambda x, y: x == y), ("ne", lambda x, y: x != y),
+                   ("lt", lambda x, y: x < y), ("le", lambda x, y: x <= y),
+                   ("gt", lambda x, y: x > y), ("ge", lambda x, y: x >= y)]:
+    _packet, _packet_ = getattr(aten, _name), getattr(aten, _name + "_")
+    define(_name, _fn, [_packet.Tensor, _packet.Scalar], [_packet_.Tensor, _packet_.Scalar],
+           kind="always_bool", round_scalars=True)  # (bf16 x == 0.1 compares with bf16's 0.1)
+
+define("logical_and", lambda x, y: (x != 0) and (y != 0), [aten.logical_and.default],
+       [aten.logical_and_.default], kind="always_bool")
+define("logical_or", lambda x, y: (x != 0) or (y != 0), [aten.logical_or.default],
+       [aten.logical_or_.default], kind="always_bool")
+define("logical_xor", lambda x, y: (x != 0) != (y != 0), [aten.logical_xor.default],
+       [aten.logical_xor_.default], kind="always_bool")
+define("logical_not", lambda x: x == 0, [aten.logical_not.default], operands=1,
+       kind="always_bool")
+define("isnan", lambda x: x != x, [aten.isnan.default], operands=1, kind="always_bool")
 
 
 def _integral_only(name):
