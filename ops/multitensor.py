@@ -26,14 +26,20 @@ def run(plan, rows, inplace: bool) -> list | None:
     """The calls `rows` of the op that `plan` parses (E.FUSIBLE / E.FUSIBLE_INPLACE) as one
     launch; with `inplace` each writes its first argument. Their results, or None with
     nothing run when a call needs the general path (broadcasts, strided tensors)."""
+    done = _run_table(plan, rows, inplace)
+    if done is not None:
+        return done
+    calls = _plans(plan, rows)
+    return None if calls is None else run_many(calls, inplace)
+
+
+def _plans(plan, rows) -> list | None:
+    """Each call's plan; None when the op refuses one, so that the calls run one by one: those
+    before it take effect and it raises, leaving what the CPU leaves."""
     try:
-        done = _run_table(plan, rows, inplace)
-        if done is not None:
-            return done
-        calls = [plan(*a, **kw) for a, kw in rows]
-    except Exception:  # noqa: BLE001  (a call the op refuses: one by one, the calls before it
-        return None    # run and it raises, leaving what the CPU leaves)
-    return run_many(calls, inplace)
+        return [plan(*a, **kw) for a, kw in rows]
+    except Exception:  # noqa: BLE001  (raised again by the call itself)
+        return None
 
 
 # Note [Address tables]
@@ -60,7 +66,10 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
             break
     else:
         return None
-    op, given, params = plan(*args0, **kwargs0)  # (its checks raise here)
+    planned = _plans(plan, [(args0, kwargs0)])
+    if planned is None:
+        return None
+    op, given, params = planned[0]
     operands = E.scalar_tensors_cast(op, given)  # (as E.run: a shared 0-dim tensor, once)
     out0 = operands[0] if inplace else None
     fast = E.fast_into(op, operands, out0, True) if inplace else E.fast_new(op, operands, True)
@@ -130,12 +139,7 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
     moved = 0
     if len(large):
         for k, (fast, row) in zip(large, alone):
-            kernel_k, _, cast_k, exact = fast
-            out = outs[k]
-            args = [T.flat(a) if type(a) is NeuronTensor else cast_k(a) for a in row
-                    if a is not out]
-            moved += E.run_fast(op, kernel_k, T.flat(out), args, params, cast_k, exact,
-                                len(row) - len(args), not inplace)
+            moved += _run_call(op, fast, row, params, outs[k], inplace)
         small = np.flatnonzero(sizes < workers.SPLIT_MIN)
         table, sizes_small = table[:, small], sizes[small]
     else:
@@ -172,10 +176,11 @@ def _rows_apart(table, sizes, itemsizes) -> bool:
     """Whether no row's output overlaps another row's output or operands (rows with no
     elements aside): then the rows may run in any order, or side by side."""
     live = sizes > 0
+    rows = np.flatnonzero(live)
     lo = table[0][live]
     hi = lo + sizes[live] * itemsizes[0]
     order = np.argsort(lo, kind="stable")
-    lo, hi, owner = lo[order], hi[order], np.flatnonzero(live)[order]
+    lo, hi, owner = lo[order], hi[order], rows[order]
     if (lo[1:] < hi[:-1]).any():
         return False
     for c in range(1, len(table)):
@@ -183,7 +188,7 @@ def _rows_apart(table, sizes, itemsizes) -> bool:
         read_hi = read_lo + sizes[live] * itemsizes[c]
         last = np.searchsorted(lo, read_hi, side="left") - 1  # last output starting before
         hit = (last >= 0) & (hi[np.maximum(last, 0)] > read_lo) & (
-            owner[np.maximum(last, 0)] != np.flatnonzero(live))
+            owner[np.maximum(last, 0)] != rows)
         if hit.any():
             return False
     return True
@@ -218,8 +223,6 @@ def _same_scalar(a, b) -> bool:
         math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
-
-
 def run_many(calls, inplace: bool) -> list | None:
     """Calls of elementwise ops, `(op, operands, params)` each, as one launch: a device's
     multi-tensor kernel, for foreach ops (Note [Multi-tensor launches]). With `inplace` each
@@ -238,19 +241,24 @@ def run_many(calls, inplace: bool) -> list | None:
             results.append(E.run(op, operands, params, operands[0] if inplace else None))
             continue
         if inplace:
-            (kernel, _, cast, exact), out = fast, operands[0]
+            out = operands[0]
         else:
-            (kernel, dtype, cast, exact), shape = fast
-            out = T.new_contiguous(shape, dtype)
-        args = [T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands
-                if a is not out]
-        out_arr = T.flat(out)
-        moved += E.run_fast(op, kernel, out_arr, args, params, cast, exact,
-                           len(operands) - len(args), not inplace)
-        elements += out_arr.size
+            fast, shape = fast
+            out = T.new_contiguous(shape, fast[1])
+        moved += _run_call(op, fast, operands, params, out, inplace)
+        elements += out.numel()
         results.append(out)
     core.launch(calls[0][0].engine, elements, moved)
     return results
+
+
+def _run_call(op, fast, operands, params, out, inplace: bool) -> int:
+    """One call's per-tensor fast-path loop (`fast`: its plan) into `out`, shared by the
+    cores when large; the bytes it moved (its launch is the caller's)."""
+    kernel, _, cast, exact = fast
+    args = [T.flat(a) if type(a) is NeuronTensor else cast(a) for a in operands if a is not out]
+    return E.run_fast(op, kernel, T.flat(out), args, params, cast, exact,
+                      len(operands) - len(args), not inplace)
 
 
 def _zero_dim(operands) -> bool:
