@@ -289,7 +289,8 @@ define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar], [aten.mul_
 # The CPU's mul_.Scalar (not mul_.Tensor with a Python number, which `x.mul_(0.1)` calls, nor
 # mul.Scalar) rounds its scalar to a bf16/fp16 tensor's dtype first; its foreach mul_ (the
 # optimizers' momentum and weight decay) calls it, so bf16 training needs the same bits.
-def _dtype_rounded(x, other):
+def dtype_rounded(x, other):
+    """`other`, a Python number, rounded to x's dtype when that is bf16/fp16 (else as is)."""
     if isinstance(x, torch.Tensor) and x.dtype in _REDUCED and _is_number(other):
         return _reduced(other, x.dtype)
     return other
@@ -297,7 +298,7 @@ def _dtype_rounded(x, other):
 
 @register(aten.mul_.Scalar)
 def mul_scalar_(x, other):
-    return KERNELS[aten.mul_.Tensor](x, _dtype_rounded(x, other))
+    return KERNELS[aten.mul_.Tensor](x, dtype_rounded(x, other))
 
 
 mul_scalar_.checks_devices = True
@@ -305,7 +306,7 @@ mul_scalar_.checks_devices = True
 
 @E.fusible_inplace(aten.mul_.Scalar)
 def _plan_mul_scalar_(x, other):
-    return E.FUSIBLE_INPLACE[aten.mul_.Tensor](x, _dtype_rounded(x, other))
+    return E.FUSIBLE_INPLACE[aten.mul_.Tensor](x, dtype_rounded(x, other))
 define("div", lambda x, y: x / y, [aten.div.Tensor, aten.div.Scalar],
        [aten.div_.Tensor, aten.div_.Scalar], kind="int_to_float")
 
@@ -418,7 +419,7 @@ _IDIV_FLOOR = E.Elementwise("idiv_floor", njit(lambda x, y: x // y if y != 0 els
 def _floor(x, y, out=None):
     _no_bool("div_floor_cpu")(x, y)
     check_integer_divisor(x, y)
-    x = _dtype_rounded(y, x)  # (a Python dividend: 0.1 // bf16 divides bf16's 0.1)
+    x = dtype_rounded(y, x)  # (a Python dividend: 0.1 // bf16 divides bf16's 0.1)
     floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
     return E.run(_DIV_FLOOR if floating else _IDIV_FLOOR, [x, y], out=out)
 
@@ -428,7 +429,7 @@ def _div_mode(x, y, mode, out=None):
         return E.run(_DIV, [x, y], out=out)
     if mode == "floor":
         return _floor(x, y, out)
-    x = _dtype_rounded(y, x)  # (as in _floor)
+    x = dtype_rounded(y, x)  # (as in _floor)
     floating = E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point
     if mode == "trunc":
         _no_bool("div_trunc_cpu")(x, y)

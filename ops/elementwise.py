@@ -288,7 +288,7 @@ def scalar_tensors_cast(op: Elementwise, operands):
 _OPMATH_DIVISORS = ("mul", "div", "div_floor", "div_trunc")
 
 
-def _scalar_tensor_cast(op: Elementwise, k: int, a: NeuronTensor, target: torch.dtype):
+def _scalar_tensor_cast(op: Elementwise, k: int, a: torch.Tensor, target: torch.dtype):
     """A 0-dim operand cast for `scalar_tensors_cast`. The CPU's mul and divisions of bf16/fp16
     read a one-value second operand at fp32 (`original_scalar_value<opmath_t>`), as they read a
     Python scalar (Note [Reduced-precision scalars] in arithmetic.py): clip_grad_norm_'s

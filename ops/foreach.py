@@ -92,6 +92,7 @@ def _inplace(functional, inplace):
     """Per-tensor in-place step: the in-place op, or functional + copy when there is none."""
     if inplace is not None:
         return lambda *args, **kwargs: call(inplace, *args, **kwargs)
+
     def step(dst, *args, **kwargs):
         result = call(functional, dst, *args, **kwargs)
         E.check_castable(result.dtype, dst.dtype)  # (the CPU's error, dst unchanged)

@@ -168,7 +168,8 @@ def elementwise_kernel(name: str, fn, nparams: int, kinds: tuple, codes: tuple, 
 def table_kernel(name: str, fn, nparams: int, kinds: tuple, codes: tuple, compute: str,
                  out_code: str, storage: tuple):
     """The cached multi-tensor loop of one op/format combination: contiguous tensors read
-    from a table of addresses, one row per tensor (Note [Address tables] in multitensor.py).
+    from a table of addresses, one column per tensor (Note [Address tables] in
+    multitensor.py).
     `storage` names the NumPy dtype of the output's memory, then of each operand's."""
     key = ("table", name, nparams, kinds, codes, compute, out_code, storage)
     kernel = _kernels.get(key)

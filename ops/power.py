@@ -14,7 +14,7 @@ from numba.extending import overload
 
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
-from neuron_eager.ops.arithmetic import _dtype_rounded, _no_bool, define
+from neuron_eager.ops.arithmetic import _no_bool, define, dtype_rounded
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
 
@@ -134,18 +134,14 @@ def _pow_scalar_op(dtype: torch.dtype):
 # (bf16 x ** 257 is x ** 256; Note [Reduced-precision scalars] in arithmetic.py).
 @register(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(x, exponent):
-    dtype = E.result_type(x, exponent)
-    _check_scalar_exponent(x, exponent, dtype)  # (before the rounding: 1e39 does not fit)
-    exponent = _dtype_rounded(x, exponent)
-    return E.run(_pow_scalar_op(dtype), [x, exponent])
+    op, operands, _ = _pow_tensor_scalar_plan(x, exponent)
+    return E.run(op, operands)
 
 
 @register(aten.pow_.Scalar)
 def pow_scalar_(x, exponent):
-    E.check_castable(E.result_type(x, exponent), x.dtype)
-    _check_scalar_exponent(x, exponent, x.dtype)
-    exponent = _dtype_rounded(x, exponent)
-    return E.run(_pow_scalar_op(x.dtype), [x, exponent], out=x)
+    op, operands, _ = _pow_scalar_plan_(x, exponent)
+    return E.run(op, operands, out=x)
 
 
 pow_tensor_scalar.checks_devices = pow_scalar_.checks_devices = True
@@ -154,8 +150,8 @@ pow_tensor_scalar.checks_devices = pow_scalar_.checks_devices = True
 @E.fusible(aten.pow.Tensor_Scalar)  # the same choices as the kernels (Note [Fusible ops])
 def _pow_tensor_scalar_plan(x, exponent):
     dtype = E.result_type(x, exponent)
-    _check_scalar_exponent(x, exponent, dtype)
-    exponent = _dtype_rounded(x, exponent)
+    _check_scalar_exponent(x, exponent, dtype)  # (before the rounding: 1e39 does not fit)
+    exponent = dtype_rounded(x, exponent)
     return _pow_scalar_op(dtype), [x, exponent], ()
 
 
@@ -163,5 +159,5 @@ def _pow_tensor_scalar_plan(x, exponent):
 def _pow_scalar_plan_(x, exponent):
     E.check_castable(E.result_type(x, exponent), x.dtype)
     _check_scalar_exponent(x, exponent, x.dtype)
-    exponent = _dtype_rounded(x, exponent)
+    exponent = dtype_rounded(x, exponent)
     return _pow_scalar_op(x.dtype), [x, exponent], ()

@@ -19,7 +19,7 @@ from neuron_eager.ops import numerics
 from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.meta import as_cpu_kernels
+from neuron_eager.ops.meta import meta_outputs
 from neuron_eager.ops.reduction import load, store  # template placeholders
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.scan import _dest, _merge_sort
@@ -65,12 +65,7 @@ def _keys(n: int) -> np.ndarray:
 
 def _meta(op, *args, **kwargs):
     """Run `op` on meta copies of the tensor arguments: CPU-identical shapes and errors."""
-    def meta(a):
-        if isinstance(a, torch.Tensor):
-            return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
-        return a
-    with as_cpu_kernels():
-        return op(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+    return meta_outputs(op, args, kwargs)
 
 
 # -- libstdc++ sort and nth_element (Note [Tie indices]) --------------------------------------
