@@ -110,6 +110,8 @@ def _odd_contiguous(x) -> bool:
 # own ops they leave no powf call in a fused loop, which would keep LLVM from vectorizing it.
 SQUARE = E.Elementwise("square", njit(lambda x: x * x))
 CUBE = E.Elementwise("cube", njit(lambda x: x * x * x))
+CUBE_BF16 = E.Elementwise("cube_bf16", njit(lambda x: numerics.round_to_bf16(x * x) * x))  # (as
+# the CPU's bf16 kernel, ops/power._bf16_pow)
 
 
 _pow_plans: dict = {}  # (x's dtype, exponent, its type, default dtype) -> planned parts
@@ -126,7 +128,8 @@ def pow_scalar(x, exponent):
         op, operands, _ = generic(x, exponent)
         parts = _pow_plans[key] = (op, *E.dtypes_for(op, operands))
     op, dtype, compute = parts
-    return Planned(SQUARE if exponent == 2 else CUBE, [x], [], dtype, compute, None,
+    cube = CUBE_BF16 if dtype == torch.bfloat16 else CUBE
+    return Planned(SQUARE if exponent == 2 else cube, [x], [], dtype, compute, None,
                    lambda ops, params, to: E.run(op, [ops[0], exponent]))
 
 

@@ -166,6 +166,13 @@ def identity(x):
 
 
 @njit
+def round_to_bf16(x):
+    """fp32 -> its value rounded to bf16 (ties to even), as an fp32: for op bodies that
+    round an intermediate where the CPU's bf16 kernel does."""
+    return bf16_to_f32(f32_to_bf16(x))
+
+
+@njit
 def round_to_tf32(x):
     """fp32 -> the nearest value with a 10-bit mantissa (ties to even); inf/NaN unchanged."""
     u = f32_as_u32(np.float32(x))

@@ -1,9 +1,10 @@
 """pow in its forms (Tensor ** Scalar, Tensor ** Tensor, Scalar ** Tensor, in place): integer
 powers by squaring with the CPU's wrapping, float powers with the CPU kernel's own choices.
 
-Two scalar functions, because the CPU's kernels differ: for a scalar exponent (fp32, bf16)
+Three scalar functions, because the CPU's kernels differ: for a scalar exponent (fp32, bf16)
 x ** 0.5 is sqrt (-0.0 at -0.0, NaN at -inf), for a tensor exponent (and fp16's scalar
-kernel) it is C's pow, and an integer tensor exponent may be negative.
+kernel) it is C's pow, and an integer tensor exponent may be negative. bf16's scalar kernel
+multiplies bf16 values, so x ** 3 and x ** -2 round the square to bf16 first.
 """
 from __future__ import annotations
 
@@ -87,6 +88,20 @@ _POW = define("pow", lambda x, y: _pow(x, y), engine="scalar")  # (registered be
 
 
 @njit(inline="always")
+def _bf16_pow(x, y):
+    # the CPU's bf16 kernel computes x * x * x and 1 / (x * x) in bf16 arithmetic, each
+    # product rounded (x ** 3: -207 where one rounding of x * x * x gives -206)
+    if y == 3:
+        return numerics.round_to_bf16(x * x) * x
+    if y == -2:
+        return 1 / numerics.round_to_bf16(x * x)
+    return _float_pow(x, y)
+
+
+_POW_BF16 = define("pow_bf16", lambda x, y: _bf16_pow(x, y), engine="scalar")  # (chosen by _pow_scalar_op)
+
+
+@njit(inline="always")
 def _int_pow_any(x, y):
     """x ** y for integers as the CPU's tensor-exponent kernel: a negative power is 0 but
     for bases 1 and -1."""
@@ -127,7 +142,8 @@ _POW_ANY = define("pow_tensor", lambda x, y: _pow_any(x, y),
 
 def _pow_scalar_op(dtype: torch.dtype):
     # the CPU computes fp16 x ** scalar by pow too: no sqrt for 0.5 (pow(-0.0, 0.5) is 0.0)
-    return _POW_ANY if dtype == torch.float16 else _POW
+    return _POW_ANY if dtype == torch.float16 else _POW_BF16 if dtype == torch.bfloat16 \
+        else _POW
 
 
 # A bf16/fp16 tensor's scalar exponent is rounded to its dtype first, as the CPU rounds it

@@ -6,7 +6,7 @@ import torch
 from neuron_eager import adaptive
 from neuron_eager.adaptive import fusion, recording
 
-from test_adaptive import both_modes
+from test_adaptive import both_modes, rand
 
 N = torch.device("neuron")
 
@@ -151,9 +151,14 @@ def test_casts_where_and_clamp_fuse(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
 def test_squares_and_cubes_are_products(dtype):
+    """...computed as the CPU's kernels do: bf16's rounds x * x before the third factor."""
     x = torch.arange(-6, 6, dtype=torch.float32).mul(0.7).to(dtype).to(N)
     both_modes(lambda t: (t + 1) ** 2 - t ** 3.0 + t ** 0.5, x)
     both_modes(lambda t: torch.pow(t * 2, 3) + torch.pow(t, 2.0), x)
+    x = rand(300, dtype=dtype)
+    expected = both_modes(lambda t: (t ** 3 + 1, t ** 2 * 2), x)
+    for got, want in zip(expected, (x.cpu() ** 3 + 1, x.cpu() ** 2 * 2)):
+        assert torch.equal(got, want)
 
 
 def test_masked_fill_fuses_as_in_attention():

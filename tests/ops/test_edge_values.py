@@ -203,3 +203,16 @@ def test_fills_of_equal_values_keep_their_own_bits(dtype):
         torch.full((2,), 300, dtype=torch.uint8, device=NEURON)
     assert torch.full((2,), True, device=NEURON).dtype == torch.bool
     assert torch.full((2,), 1, device=NEURON).dtype == torch.int64
+
+
+@pytest.mark.parametrize("size", [10, 256])
+def test_bf16_cube_and_inverse_square_round_the_square(size):
+    """The CPU's bf16 pow kernel computes x * x * x and 1 / (x * x) in bf16 arithmetic: the
+    square is rounded to bf16 before the next step (x ** 3 of -5.9 is -207, not -206)."""
+    x = (torch.randn(size, generator=torch.Generator().manual_seed(1)) * 8).bfloat16()
+    for exponent in (3, -2, 3.0, -2.0):
+        _same_bits(x ** exponent, (x.to(NEURON) ** exponent).cpu())
+        y, d = x.clone(), x.to(NEURON)
+        y.pow_(exponent)
+        d.pow_(exponent)
+        _same_bits(y, d.cpu())
