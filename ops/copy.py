@@ -311,6 +311,24 @@ def local_scalar_dense(x):
     return T.cpu_alias(x).reshape(()).item()
 
 
+@register(aten._assert_async.default)
+def assert_async(x, assert_msg=None):
+    """torch._assert_async: a device's check of a one-element tensor, here on the host (the
+    ATen composites of one_hot, multinomial and others call it on non-CPU devices)."""
+    if x.numel() != 1:
+        raise RuntimeError(f"Boolean value of Tensor with "
+                           f"{'no values' if x.numel() == 0 else 'more than one value'} is "
+                           f"ambiguous")
+    if not local_scalar_dense(x):
+        raise RuntimeError(assert_msg if assert_msg is not None else
+                           "Expected Tensor with single nonzero value, but got zero")
+
+
+@register(aten._assert_async.msg)
+def assert_async_msg(x, assert_msg):
+    assert_async(x, assert_msg)
+
+
 def fill(x: NeuronTensor, value) -> NeuronTensor:
     if x.dtype == torch.int64:  # kept whole, but ops read it as int32: say so once
         warn_int64_range(value)

@@ -61,6 +61,10 @@ ERRORS = {
     "one_hot too large": lambda d: torch.nn.functional.one_hot(_t(d, [0, 5]), 3),
     "one_hot negative": lambda d: torch.nn.functional.one_hot(_t(d, [-1]), 3),
     "one_hot int32": lambda d: torch.nn.functional.one_hot(_t(d, [1], dtype=torch.int32), 3),
+    "_assert_async of zero": lambda d: torch._assert_async(_t(d, 0.)),
+    "_assert_async of zero, with a message": lambda d: torch._assert_async(_t(d, 0), "no!"),
+    "_assert_async of two values": lambda d: torch._assert_async(_t(d, [1, 1])),
+    "_assert_async of no value": lambda d: torch._assert_async(_t(d, []), "empty"),
     "embedding_bag last offset": lambda d: torch.nn.functional.embedding_bag(
         _t(d, [0, 1]), torch.ones(3, 2, device=d), _t(d, [0, 3])),
     "embedding_bag first offset": lambda d: torch.nn.functional.embedding_bag(

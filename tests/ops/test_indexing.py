@@ -346,6 +346,21 @@ def test_nothing_fell_back():
     assert neuron_eager.get_fallback_ops() == {}
 
 
+def test_one_hot_in_inference_mode_runs_on_the_device():
+    """Inference tensors skip the autograd key our one_hot is registered on: ATen's composite
+    runs instead and checks the classes with _assert_async, which fell back to the CPU."""
+    neuron_eager.clear_op_tracking()
+    y = torch.tensor([0, 3, 1, 6])
+    with torch.inference_mode():
+        got = F.one_hot(y.to(NEURON), 7)
+        torch._assert_async(torch.tensor(True, device=NEURON), "true")
+    assert torch.equal(got.cpu(), F.one_hot(y, 7))
+    assert neuron_eager.get_fallback_ops() == {}
+    with torch.inference_mode(), pytest.raises(  # (the composite's message, as on CUDA, has
+            RuntimeError, match="Class values must be smaller than num_classes"):  # a prefix)
+        F.one_hot(y.to(NEURON), 5)
+
+
 # -- put, index_reduce, embedding_bag ---------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES + [torch.int32])
 def test_put(dtype, seed):
