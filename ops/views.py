@@ -8,6 +8,8 @@ In-place metadata ops (t_, unsqueeze_, resize_, set_, ...) edit the wrapper.
 from __future__ import annotations
 
 import contextlib
+import gc
+import sys
 
 import torch
 from torch._decomp import decomposition_table
@@ -208,14 +210,39 @@ def resize_(x: NeuronTensor, shape, memory_format=None) -> NeuronTensor:
     stride = T.memory_format_strides(shape, memory_format) or T.contiguous_strides(shape)
     need = T.storage_extent(shape, stride, x.storage_offset()) * x.element_size()
     if need > x._storage.nbytes:
-        old = x._storage
-        storage = T.NeuronStorage(need)
-        keep = min(old.nbytes, need)
-        storage.buffer[:keep] = old.buffer[:keep]
-        x._storage = storage
+        _grow(x._storage, need)
     _compat.set_metadata(x, shape, stride, x.storage_offset())
     T.refresh(x)
     return x
+
+
+def _grow(storage: T.NeuronStorage, nbytes: int) -> None:
+    """Give `storage` a larger block, keeping its bytes, as the CPU reallocates a StorageImpl
+    in place: views of the tensor see the new memory (their cached arrays and addresses are
+    made again). Finding them costs a garbage-collector search, done only when other
+    objects hold the storage (a rare case: resize_ of a tensor with live views)."""
+    holders = _tensors_holding(storage) if sys.getrefcount(storage) > _HELD_ALONE else ()
+    grown = T.NeuronStorage(nbytes)
+    grown.buffer[:storage.nbytes] = storage.buffer[:storage.nbytes]
+    storage.block, grown.block = grown.block, storage.block  # (`grown` frees the old block)
+    storage.buffer, grown.buffer = grown.buffer, storage.buffer
+    storage.nbytes, grown.nbytes = grown.nbytes, storage.nbytes
+    del grown
+    for t in holders:
+        T.refresh(t)
+
+
+_HELD_ALONE = 3  # the resized tensor's reference, _grow's argument and getrefcount's
+
+
+def _tensors_holding(storage) -> list:
+    """The neuron tensors whose `_storage` is `storage` (their __dict__ holds it)."""
+    found = []
+    for holder in gc.get_referrers(storage):
+        if type(holder) is dict and holder.get("_storage") is storage:
+            found += [t for t in gc.get_referrers(holder)
+                      if isinstance(t, NeuronTensor) and t.__dict__ is holder]
+    return found
 
 
 register(aten.resize_.default)(resize_)

@@ -614,6 +614,38 @@ def test_resize_takes_the_memory_format_as_on_cpu(shape, fmt):
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("adaptive_on", [False, True])
+def test_a_grown_storage_is_still_shared_with_views(adaptive_on):
+    """resize_ (and an out= argument resized by an op) grows the storage in place, as the
+    CPU's StorageImpl: views made before, and read before, see the new memory."""
+    from neuron_eager import adaptive
+
+    results = []
+    for device in ("cpu", "neuron"):
+        if device == "neuron" and adaptive_on:
+            adaptive.enable()
+        try:
+            x = torch.tensor([3., 6., 9.], device=device)
+            v, w = x[:2], x[1:]
+            str(v), x.add_(1)  # (the view's data read: its cached arrays exist)
+            x.resize_(40)
+            x[:3] = torch.tensor([1., 2., 3.], device=device)
+            torch._foreach_mul_([v, w], 10.)  # (kernels reading the views' addresses)
+            o = torch.zeros(2, device=device)
+            u = o[1:]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (the out= resize warning)
+                torch.mul(torch.ones(30, device=device), 2, out=o)
+            results.append([t.cpu() for t in (x[:3], v, w, u)] + [
+                v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()])
+        finally:
+            adaptive.disable()
+    cpu, neuron = results
+    assert neuron[-1] and cpu[-1]
+    for got, expected in zip(neuron[:-1], cpu[:-1]):
+        assert torch.equal(got, expected), (got, expected)
+
+
 def test_the_out_resize_warning_names_the_users_line():
     # warnings filtered by module or line behave as on the CPU
     places = []
