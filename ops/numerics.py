@@ -459,7 +459,16 @@ def encode_scalar(value, dtype: torch.dtype):
 _encoded: dict = {}  # (type, value, dtype[, sign]) -> stored form (fills repeat a few values)
 
 
-SCALAR_CAST = {"f32": np.float32, "bool": bool, "int": np.int64}
+def _to_f32(value, _f32=np.float32):
+    """A Python scalar as an fp32 kernel argument; one past fp32's range is +-inf, as the CPU
+    casts it, without NumPy's overflow warning."""
+    if -3.4e38 < value < 3.4e38:
+        return _f32(value)
+    with np.errstate(over="ignore"):
+        return _f32(value)
+
+
+SCALAR_CAST = {"f32": _to_f32, "bool": bool, "int": np.int64}
 
 
 def scalar_for(value, compute: str, common: torch.dtype | None = None):

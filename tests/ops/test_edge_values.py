@@ -216,3 +216,12 @@ def test_bf16_cube_and_inverse_square_round_the_square(size):
         y.pow_(exponent)
         d.pow_(exponent)
         _same_bits(y, d.cpu())
+
+
+def test_a_scalar_past_fp32s_range_is_inf_without_numpys_warning():
+    x = torch.tensor([1.0, 0.0, -2.0], dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (NumPy's "overflow encountered in cast" leaked)
+        for fn in (lambda t: t * 1e39, lambda t: t - 1e39, lambda t: torch.where(t > 0, t, -1e39),
+                   lambda t: t.float() + 1e300):
+            _same_bits(fn(x), fn(x.to(NEURON)).cpu())
