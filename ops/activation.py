@@ -129,9 +129,9 @@ def _float(name, fn, nparams=0, engine="scalar", inline=False):
     return E.Elementwise(name, njit(**options)(fn), nparams, engine=engine, float_only=True)
 
 
-def _refuse_bool(x, name: str) -> None:
+def _refuse_bool(x, name: str, word: str = "Boolean") -> None:
     if x.dtype == torch.bool:
-        raise RuntimeError(f"Boolean inputs not supported for {name}")
+        raise RuntimeError(f"{word} inputs not supported for {name}")
 
 
 # -- piecewise-linear activations (integers allowed: params arrive in the compute type) -----
@@ -190,7 +190,7 @@ def threshold(x, threshold, value):
 
 
 def _hardtanh_check(x, min_val, max_val):
-    _refuse_bool(x, "hardtanh")
+    _refuse_bool(x, "hardtanh", "Bool")
     if x.dtype == torch.uint8 and (min_val < 0 or max_val < 0):  # (-1 would wrap to 255)
         raise RuntimeError("cannot do hardtanh on an unsigned type with negative limits")
     _fit(x, min_val, max_val)

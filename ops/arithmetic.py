@@ -534,6 +534,8 @@ def _clamp_run(x, lo, hi, out=None):
     operands = [x] + [v for v in (lo, hi) if v is not None]
     dtype, compute = E.dtypes_for(_CLAMP, operands)
     if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+        if lo is not None and hi is not None and dtype == torch.bool:
+            raise NotImplementedError("\"clamp_cpu\" not implemented for 'Bool'")
         return _clamp_tensor(x, lo, hi, out)
     if out is not None and not torch.can_cast(dtype, out.dtype):
         raise RuntimeError(f"result type {T.dtype_name(dtype)} can't be cast to the desired "
@@ -546,6 +548,9 @@ def _clamp_run(x, lo, hi, out=None):
 
 
 def check_clamp_bounds(lo, hi, dtype) -> None:
+    if dtype == torch.bool:  # (the CPU has no bool kernel for scalar bounds)
+        kernel = "clamp_min" if hi is None else "clamp_max" if lo is None else "clamp"
+        raise NotImplementedError(f"\"{kernel}_scalar_cpu\" not implemented for 'Bool'")
     for bound in (lo, hi):
         if bound is not None:
             numerics.check_fits(bound, dtype)

@@ -61,6 +61,12 @@ ERRORS = {
     "one_hot too large": lambda d: torch.nn.functional.one_hot(_t(d, [0, 5]), 3),
     "one_hot negative": lambda d: torch.nn.functional.one_hot(_t(d, [-1]), 3),
     "one_hot int32": lambda d: torch.nn.functional.one_hot(_t(d, [1], dtype=torch.int32), 3),
+    "clamp of bool by a bool": lambda d: torch.clamp(_t(d, [True, False]), min=True),
+    "clamp_max_ of bool": lambda d: _t(d, [True, False]).clamp_max_(False),
+    "clamp of bool by two bools": lambda d: torch.clamp(_t(d, [True]), True, False),
+    "clamp of bool by two bool tensors": lambda d: torch.clamp(
+        _t(d, [True]), _t(d, [False]), _t(d, [True])),
+    "hardtanh of bool": lambda d: torch.nn.functional.hardtanh(_t(d, [True])),
     "_assert_async of zero": lambda d: torch._assert_async(_t(d, 0.)),
     "_assert_async of zero, with a message": lambda d: torch._assert_async(_t(d, 0), "no!"),
     "_assert_async of two values": lambda d: torch._assert_async(_t(d, [1, 1])),
