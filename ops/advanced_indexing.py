@@ -7,6 +7,8 @@ dtype, as the CPU adds.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -79,8 +81,12 @@ def _plan(x, indices):
         shapes = ", ".join(str(list(indices[d].shape)) for d in dims)
         raise IndexError(f"shape mismatch: indexing tensors could not be broadcast together "
                          f"with shapes {shapes}") from None
-    for d in dims:
-        I.check_bounds(indices[d], x.shape[d], d, True, "index")
+    for d in dims:  # (the CPU checks the rest in its loop: a result without elements, never)
+        if x.shape[d] == 0 and indices[d].numel():
+            raise IndexError("index is out of bounds for dimension with size 0")
+    if math.prod(bshape) * math.prod(x.shape[d] for d in range(x.dim()) if d not in dims):
+        for d in dims:
+            I.check_bounds(indices[d], x.shape[d], d, True, "index")
     offsets = None
     for d in dims:
         params = [x.shape[d], x.stride(d)]

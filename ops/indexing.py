@@ -137,6 +137,8 @@ def check_bounds(idx: NeuronTensor, n: int, dim: int, negative_ok: bool, style: 
 # check_bounds' styles: the error each CPU kernel raises for an index out of range
 _BOUNDS_ERRORS = {
     "select": lambda bad, at, n, dim: IndexError("index out of range in self"),
+    "select_dim1": lambda bad, at, n, dim: RuntimeError(  # (the CPU's index_select along dim 1)
+        f"INDICES element is out of DATA bounds, id={bad} axis_dim={n}"),
     "index": lambda bad, at, n, dim: IndexError(
         f"index {bad} is out of bounds for dimension {dim} with size {n}"),
     "scatter": lambda bad, at, n, dim: RuntimeError(
@@ -425,7 +427,7 @@ def index_select(x, dim, index):
     index = as_long(index)
     x1 = _as1d(x)
     dim = dim % x1.dim()
-    check_bounds(index, x1.shape[dim], dim, False, "select")
+    check_bounds(index, x1.shape[dim], dim, False, "select_dim1" if dim == 1 else "select")
     out = T.empty(meta.shape, x.dtype)
     o1 = _as1d(out)
     take(o1, x1, dim, index, _dim_only(index, o1.dim(), dim))

@@ -67,6 +67,13 @@ ERRORS = {
     "clamp of bool by two bool tensors": lambda d: torch.clamp(
         _t(d, [True]), _t(d, [False]), _t(d, [True])),
     "hardtanh of bool": lambda d: torch.nn.functional.hardtanh(_t(d, [True])),
+    "index_select along dim 1 out of range": lambda d: torch.zeros(2, 3, 4, device=d).index_select(
+        1, _t(d, [3])),
+    "index_select along dim 2 out of range": lambda d: torch.zeros(2, 3, 4, device=d).index_select(
+        2, _t(d, [-5])),
+    "an index into a dim of size 0": lambda d: torch.zeros(0, 3, device=d)[[3]],
+    "index_put_ into a dim of size 0": lambda d: torch.zeros(0, 3, device=d).index_put_(
+        (_t(d, [0]), _t(d, [9])), _t(d, 1.)),
     "_assert_async of zero": lambda d: torch._assert_async(_t(d, 0.)),
     "_assert_async of zero, with a message": lambda d: torch._assert_async(_t(d, 0), "no!"),
     "_assert_async of two values": lambda d: torch._assert_async(_t(d, [1, 1])),
@@ -366,6 +373,10 @@ def _into_long(reduce):
 
 
 VALUES = {
+    # the CPU checks indices in its loop: none when the result has no elements
+    "an index out of range into an empty result": lambda d: torch.zeros(0, 3, device=d)[:, [3]],
+    "index_put_ out of range with nothing to write": lambda d: torch.zeros(
+        3, 0, device=d).index_put_((_t(d, [7]),), _t(d, 1.), accumulate=True),
     "bool ** True (the CPU's exponent-1 shortcut)": lambda d: torch.pow(_t(d, [True, False]), True),
     "bool ** 2": lambda d: torch.pow(_t(d, [True, False]), 2),
     # fills of an expanded tensor: refused before; the CPU writes each location once (a
