@@ -86,6 +86,9 @@ def _run(op, args, kwargs):
 # once more on CPU stand-ins, zero-stride views with no memory to speak of (a written
 # argument gets memory of its own), and the CPU's error is raised if it has one. Only the
 # error path pays; the CPU raises before it computes.
+_STAND_IN_ELEMENTS = 1 << 20  # a larger stand-in has zero strides: no memory
+
+
 def in_cpu_words(op, args, kwargs) -> None:
     """Raise the CPU's error for `op(*args, **kwargs)` on stand-ins, if it has one."""
     schema = getattr(op, "_schema", None)
@@ -97,6 +100,9 @@ def in_cpu_words(op, args, kwargs) -> None:
         if isinstance(a, torch.Tensor):
             if writable:
                 return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)
+            extent = sum((n - 1) * abs(s) for n, s in zip(a.shape, a.stride())) + 1
+            if 0 not in a.shape and extent <= _STAND_IN_ELEMENTS:  # (messages quote strides)
+                return torch.zeros(extent, dtype=a.dtype).as_strided(a.shape, a.stride())
             return torch.zeros((), dtype=a.dtype).expand(a.shape)
         if isinstance(a, torch.device):
             return torch.device("cpu")

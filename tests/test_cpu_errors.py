@@ -74,6 +74,8 @@ ERRORS = {
     "an index into a dim of size 0": lambda d: torch.zeros(0, 3, device=d)[[3]],
     "index_put_ into a dim of size 0": lambda d: torch.zeros(0, 3, device=d).index_put_(
         (_t(d, [0]), _t(d, [9])), _t(d, 1.)),
+    "view of a transposed tensor as a narrower dtype": lambda d: torch.zeros(
+        3, 4, device=d).t().view(torch.int8),
     "_assert_async of zero": lambda d: torch._assert_async(_t(d, 0.)),
     "_assert_async of zero, with a message": lambda d: torch._assert_async(_t(d, 0), "no!"),
     "_assert_async of two values": lambda d: torch._assert_async(_t(d, [1, 1])),
