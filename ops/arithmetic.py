@@ -34,7 +34,8 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
     given, sees the operands first and raises the CPU's error for those it refuses.
     `inline`: Numba inlines `fn` into its loops (Note [Inlined op bodies] in elementwise.py).
     `round_scalars`: Python float operands and parameters are rounded to a bf16/fp16
-    result's dtype first, as the CPU rounds add's (Note [Reduced-precision scalars]).
+    result's dtype first, as the CPU rounds add's (Note [Reduced-precision scalars]);
+    "first": only a first operand (`torch.mul(0.1, x)`: mul and div keep a second in fp32).
     `checked_params`: the CPU converts the parameters to the compute type with a range check
     (numerics.check_fits_compute: addcmul's value, lerp's weight).
     """
@@ -68,7 +69,10 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             dtype = E.result_type(*operands_, sig=sig)
             for v in values:
                 numerics.check_fits_compute(v, dtype)
-        if round_scalars:
+        if round_scalars == "first":
+            if _is_number(operands_[0]):
+                operands_ = (dtype_rounded(operands_[1], operands_[0]), *operands_[1:])
+        elif round_scalars:
             operands_, values = _rounded(operands_, values)
         return operands_, values
 
@@ -282,7 +286,8 @@ define("sub", lambda x, y, a: fma(-a, y, x), [aten.sub.Tensor, aten.sub.Scalar],
        check=_no_bool_sub, round_scalars=True)
 define("rsub", lambda x, y, a: fma(-a, x, y), [aten.rsub.Tensor, aten.rsub.Scalar],
        params=[("alpha", 1)], check=_no_bool_sub, round_scalars=True)
-define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar], [aten.mul_.Tensor])
+define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar], [aten.mul_.Tensor],
+       round_scalars="first")
 
 
 # Note [mul_ by a Scalar]
@@ -308,7 +313,7 @@ mul_scalar_.checks_devices = True
 def _plan_mul_scalar_(x, other):
     return E.FUSIBLE_INPLACE[aten.mul_.Tensor](x, dtype_rounded(x, other))
 define("div", lambda x, y: x / y, [aten.div.Tensor, aten.div.Scalar],
-       [aten.div_.Tensor, aten.div_.Scalar], kind="int_to_float")
+       [aten.div_.Tensor, aten.div_.Scalar], kind="int_to_float", round_scalars="first")
 
 
 @njit

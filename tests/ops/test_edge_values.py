@@ -225,3 +225,23 @@ def test_a_scalar_past_fp32s_range_is_inf_without_numpys_warning():
         for fn in (lambda t: t * 1e39, lambda t: t - 1e39, lambda t: torch.where(t > 0, t, -1e39),
                    lambda t: t.float() + 1e300):
             _same_bits(fn(x), fn(x.to(NEURON)).cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_python_number_first_in_mul_and_div_is_rounded_to_the_dtype(dtype):
+    """torch.mul(0.1, x) rounds 0.1 to x's dtype on the CPU (a wrapped number first), where
+    x * 0.1 keeps it in fp32; so in fused regions too."""
+    from neuron_eager import adaptive
+
+    x = torch.tensor([1e-4, 0.0, 3.0, 1.7, -2.5])
+    x = x.to(dtype)
+    for fn in (lambda t: torch.mul(0.1, t), lambda t: torch.div(70000.0, t),
+               lambda t: torch.mul(257, t), lambda t: torch.mul(t, 0.1)):
+        expected = fn(x)
+        _same_bits(expected, fn(x.to(NEURON)).cpu())
+        adaptive.enable()
+        try:
+            for _ in range(3):
+                _same_bits(expected * 2, (fn(x.to(NEURON)) * 2).cpu())
+        finally:
+            adaptive.disable()
