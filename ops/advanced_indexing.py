@@ -19,7 +19,9 @@ from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
 from neuron_eager.ops.jit import njit
+from neuron_eager.ops.overlap import has_internal_overlap
 from neuron_eager.ops.registry import register
+from neuron_eager.ops.sourceline import warn_at_user_line
 
 aten = torch.ops.aten
 NeuronTensor = T.NeuronTensor
@@ -47,6 +49,8 @@ def _expand_masks(x, indices):
                                  f"index {d}")
             mask = I.on_device(idx)
             if mask.dtype == torch.uint8:
+                warn_at_user_line("indexing with dtype torch.uint8 is now deprecated, please use "
+                                  "a dtype torch.bool instead.")
                 mask = mask.to(torch.bool)
             if idx.dim() == 0:
                 mask = mask.reshape(1)
@@ -184,13 +188,22 @@ def index_put(x, indices, values, accumulate=False):
 
 @register(aten.index_put_.default)
 def index_put_(x, indices, values, accumulate=False):
+    _warn_if_expanded(x)
     if T.shares_memory([x], [values, *indices]):  # Note [Writes into their own inputs]
         T.run_on_cpu(aten.index_put_.default, (x, indices, values, accumulate), {})
     return _index_put_into(x, indices, values, accumulate)
 
 
+def _warn_if_expanded(x) -> None:
+    if has_internal_overlap(x):
+        warn_at_user_line("Use of index_put_ on expanded tensors is deprecated. Please clone() "
+                          "the tensor before performing this operation. This also applies to "
+                          "advanced indexing e.g. tensor[indices] = tensor")
+
+
 @register(aten._index_put_impl_.default)
 def _index_put_impl_(x, indices, values, accumulate=False, unsafe=False):
+    _warn_if_expanded(x)
     if T.shares_memory([x], [values, *indices]):
         T.run_on_cpu(aten._index_put_impl_.default, (x, indices, values, accumulate,
                                                             unsafe), {})

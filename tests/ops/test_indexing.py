@@ -572,3 +572,23 @@ def test_index_fill_writes_what_the_cpu_writes(name):
         got, expected = INDEX_FILLS[name]("neuron"), INDEX_FILLS[name]("cpu")
     assert got.stride() == expected.stride()
     assert torch.equal(got.cpu(), expected)
+
+
+def test_deprecated_indexing_warns_as_on_cpu():
+    """uint8 masks and index_put_ into an expanded tensor: the CPU's deprecation warnings,
+    once per call, at the user's line."""
+    seen = []
+    for d in ("cpu", NEURON):
+        x = torch.zeros(3, device=d)
+        mask = torch.tensor([1, 0, 1], dtype=torch.uint8, device=d)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x[mask]
+            torch.zeros(1, device=d).expand(3).index_put_(
+                (torch.tensor([0], device=d),), torch.tensor(5., device=d))
+            y = torch.zeros(1, device=d).expand(3)
+            y[torch.tensor([0], device=d)] = 5
+            x.index_put_((mask,), torch.tensor([2., 3.], device=d))
+        seen.append([(w.filename, w.lineno, str(w.message).split(" (Triggered")[0])
+                     for w in caught])
+    assert len(seen[0]) == 4 and seen[1] == seen[0]
