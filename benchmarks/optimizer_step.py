@@ -9,9 +9,8 @@ sizes; from width 256 the MLP matrices have 256K elements or more and run their 
 beside the table (Note [Large tensors in a table]). Rows: AdamW's foreach step (weight decay on matrices, two param groups, as
 nanoGPT configures it), clip_grad_norm_(1.0) with foreach, and both. Sides, in one run:
 torch CPU; neuron plain eager with each foreach op calling the per-tensor kernel once per
-tensor (multitensor's table path off: the code before 2026-12-07's fifth session); address
-tables on one core (before the sixth session); address tables (Note [Address tables] in
-ops/multitensor.py), large ones in shares of rows on the cores (Note [Tables on cores]). Median
+tensor (multitensor's table path off: the code before 2026-12-07's fifth session); neuron
+plain eager with address tables (Note [Address tables] in ops/multitensor.py). Median
 milliseconds of `--repeat` steps after three warm-ups, each neuron step synchronized.
 """
 from __future__ import annotations
@@ -22,7 +21,7 @@ import torch
 
 import neuron_eager  # noqa: F401
 from large_kernels import median_ms  # (benchmarks/ is on the path of a script run here)
-from neuron_eager.ops import folds, multitensor, workers
+from neuron_eager.ops import folds, multitensor
 
 
 def _parameters(layers: int, width: int, device) -> list[torch.Tensor]:
@@ -61,18 +60,6 @@ def _steps(params):
     return {"AdamW step": adamw, "clip_grad_norm_": clip, "clip + AdamW": both}
 
 
-class _OneCore:
-    """Tables on one core (no shares of rows: the code before 2026-12-07's sixth session)."""
-
-    def __enter__(self):
-        self.saved = workers.split_weighted
-        workers.split_weighted = lambda kernel, weights, slice_args: kernel(
-            *slice_args(0, len(weights)))
-
-    def __exit__(self, *exc):
-        workers.split_weighted = self.saved
-
-
 class _PerTensor:
     """multitensor's table path off, for the 'per tensor' side."""
 
@@ -94,20 +81,17 @@ def main(argv=None) -> int:
     n = len(_parameters(args.layers, args.width, "cpu"))
     print(f"{n} parameter tensors ({args.layers} layers, width {args.width}); median ms of "
           f"{args.repeat} steps")
-    print(f"{'step':18s}{'torch CPU':>11s}{'per tensor':>12s}{'one core':>10s}{'tables':>9s}"
+    print(f"{'step':18s}{'torch CPU':>11s}{'per tensor':>12s}{'tables':>9s}"
           f"{'tables vs per tensor':>23s}{'tables vs CPU':>15s}")
     cpu = _steps(_parameters(args.layers, args.width, "cpu"))
     per_tensor = _steps(_parameters(args.layers, args.width, "neuron"))
-    one_core = _steps(_parameters(args.layers, args.width, "neuron"))
     tables = _steps(_parameters(args.layers, args.width, "neuron"))
     for name in cpu:
         c = median_ms(cpu[name], args.repeat)
         with _PerTensor():
             p = median_ms(per_tensor[name], args.repeat)
-        with _OneCore():
-            o = median_ms(one_core[name], args.repeat)
         t = median_ms(tables[name], args.repeat)
-        print(f"{name:18s}{c:11.2f}{p:12.2f}{o:10.2f}{t:9.2f}{t / p:22.2f}x{t / c:14.2f}x")
+        print(f"{name:18s}{c:11.2f}{p:12.2f}{t:9.2f}{t / p:22.2f}x{t / c:14.2f}x")
     return 0
 
 

@@ -126,13 +126,10 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
                                                              for j in arrays], dtype=np.int64)
         reads = [(table[c + 1], itemsizes[c + 1]) for c in range(len(arrays))]
         reads += [(T.address(given[j]), given[j].element_size()) for j in shared]
-        if _overlaps(table[0], sizes * itemsizes[0], reads, sizes):
-            return None
-        apart = None if not len(large) else _rows_apart(table, sizes, itemsizes)
-        if apart is False:
+        if _overlaps(table[0], sizes * itemsizes[0], reads, sizes) or len(large) and \
+                not _rows_apart(table, sizes, itemsizes):
             return None
     else:
-        apart = True  # (new results are fresh memory)
         outs = [T.new_contiguous(shape, dtype) for shape in shapes]
         table = np.array([[o._key[2] for o in outs]] + [[k[2] for k in keys[j]]
                                                         for j in arrays], dtype=np.int64)
@@ -147,22 +144,11 @@ def _run_table(plan, rows, inplace: bool) -> list | None:
         table, sizes_small = table[:, small], sizes[small]
     else:
         sizes_small = sizes
-    small_elements = int(sizes_small.sum())
-    if small_elements >= workers.SPLIT_MIN and len(sizes_small) > 1 and (
-            apart or apart is None and _rows_apart(table, sizes_small, itemsizes)):
-        workers.split_weighted(kernel, sizes_small, lambda lo, hi: [  # Note [Tables on cores]
-            np.ascontiguousarray(table[:, lo:hi]), sizes_small[lo:hi], *scalars])
-    elif len(sizes_small):
+    if len(sizes_small):
         kernel(table, sizes_small, *scalars)  # (addresses: Note [Address tables])
+    small_elements = int(sizes_small.sum())
     core.launch(op.engine, int(sizes.sum()), small_elements * per_element + moved)
     return outs
-
-
-# Note [Tables on cores]
-# A table of SPLIT_MIN elements or more runs in ranges of rows, one per core, each about an
-# equal share of the elements, when no row's update is what another row reads or writes
-# (`_rows_apart`): each row's loop is the same, so the bits are too. A 146-tensor AdamW step
-# (benchmarks/optimizer_step.py) spends about half its host time in its tables' loops.
 
 
 # Note [Large tensors in a table]

@@ -190,19 +190,9 @@ def split_rows(kernel, rows: int, args: list) -> None:
     _run_sliced(kernel, rows, lambda lo, hi: [lo, hi, *args])
 
 
-def split_weighted(kernel, weights: np.ndarray, slice_args) -> None:
-    """kernel(*slice_args(lo, hi)) for COUNT ranges [lo, hi) of the items `weights` weighs
-    (a multi-tensor table's rows: their element counts), each range about an equal share of
-    the weight, run side by side."""
-    cumulative = np.cumsum(weights)
-    shares = cumulative[-1] * np.arange(1, COUNT) // COUNT
-    inner = np.searchsorted(cumulative, shares, side="right").tolist()
-    _run_sliced(kernel, len(weights), slice_args, [0, *inner, len(weights)])
-
-
-def _run_sliced(kernel, n: int, slice_args, bounds: list | None = None) -> None:
-    """kernel(*slice_args(lo, hi)) for COUNT ranges [lo, hi) of n (`bounds`, default equal
-    ranges): the caller runs the first, one worker each of the others."""
+def _run_sliced(kernel, n: int, slice_args) -> None:
+    """kernel(*slice_args(lo, hi)) for COUNT ranges [lo, hi) of n: the caller runs the first,
+    one worker each of the others."""
     if COUNT == 1 or hasattr(kernel, "py_kernel") or not _busy.acquire(blocking=False):
         kernel(*slice_args(0, n))
         return
@@ -211,7 +201,7 @@ def _run_sliced(kernel, n: int, slice_args, bounds: list | None = None) -> None:
             _compile_spinning()
         while len(_workers) < COUNT - 1:
             _workers.append(_Worker(len(_workers) + 1))
-        bounds = bounds or [n * i // COUNT for i in range(COUNT + 1)]
+        bounds = [n * i // COUNT for i in range(COUNT + 1)]
         for worker, lo, hi in zip(_workers, bounds[1:-1], bounds[2:]):
             worker.post(kernel, slice_args(lo, hi))
         try:

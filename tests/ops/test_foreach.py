@@ -380,35 +380,3 @@ def test_large_tensors_of_a_table_run_alone_when_no_row_reads_another(monkeypatc
     assert ran[-1] is False
     for got, expected in zip(dev, cpu):
         assert torch.equal(got.cpu(), expected)
-
-
-def test_a_large_table_runs_in_shares_of_rows_on_the_cores(monkeypatch, seed):
-    """A table of SPLIT_MIN elements or more runs as ranges of rows side by side (Note [Tables
-    on cores]) when no row's update is what another reads; list order otherwise."""
-    from neuron_eager.ops import workers
-
-    shares = []
-    real = workers.split_weighted
-    monkeypatch.setattr(workers, "split_weighted",
-                        lambda kernel, weights, args: (shares.append(len(weights)),
-                                                       real(kernel, weights, args)))
-    rows = workers.SPLIT_MIN // 1000 + 5
-    cpu = [torch.randn(1000 + k) for k in range(rows)] + [torch.randn(3, 4), torch.tensor(2.0)]
-    others = [torch.rand(t.shape) + 0.5 for t in cpu]
-    dev, others_dev = [t.to(NEURON) for t in cpu], [t.to(NEURON) for t in others]
-    for lists, rest in ((cpu, others), (dev, others_dev)):
-        torch._foreach_addcdiv_(lists, rest, rest, value=-0.25)
-        torch._foreach_lerp_(lists, rest, 0.125)
-    sums = torch._foreach_add(dev, others_dev, alpha=0.5)
-    assert len(shares) == 3 and min(shares) == len(cpu), shares
-    for got, expected in zip([*dev, *sums], [*cpu, *torch._foreach_add(cpu, others, alpha=0.5)]):
-        assert torch.equal(got.cpu(), expected)
-    # a row that reads another's update: the rows run in list order, on one core
-    shares.clear()
-    cpu = [torch.randn(1000) for _ in range(rows)]
-    dev = [t.to(NEURON) for t in cpu]
-    for lists in (cpu, dev):
-        torch._foreach_add_(lists, [*lists[1:], lists[0]])
-    assert shares == []
-    for got, expected in zip(dev, cpu):
-        assert torch.equal(got.cpu(), expected)
