@@ -24,6 +24,10 @@ from neuron_eager import streams as _streams
 from neuron_eager.streams import (Event, Stream, current_stream, default_stream,  # noqa: F401
                                   set_stream, stream)
 
+# (torch.cuda.OutOfMemoryError's place: ported scripts catch it there; it is a
+# torch.OutOfMemoryError, so `except torch.OutOfMemoryError` catches it too)
+OutOfMemoryError = _tensor.NeuronOutOfMemoryError
+
 
 @dataclass(frozen=True)
 class NeuronDeviceProperties:

@@ -71,6 +71,7 @@ def test_out_of_memory_then_recovery():
         with pytest.raises(torch.OutOfMemoryError) as err:
             torch.empty(4 * 2**20 // 4, device="neuron")
         assert isinstance(err.value, neuron_eager.NeuronOutOfMemoryError)
+        assert isinstance(err.value, torch.neuron.OutOfMemoryError)  # (torch.cuda's name)
         assert "Tried to allocate 4.00 MiB" in str(err.value)
         after = torch.neuron.memory_stats()
         assert after["num_ooms"] == before["num_ooms"] + 1
