@@ -653,6 +653,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
 
 
 @register(aten.convolution_backward.default)
+@keeps_channels_last(1, 2)  # (the CPU's grad_input layout)
 def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
                          output_padding, groups, output_mask):
     args = (grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,

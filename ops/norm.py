@@ -395,6 +395,7 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 
 
 @register(aten.native_group_norm_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group,
                                output_mask):
     rows, length = N * group, (C // group) * HxW
@@ -580,6 +581,7 @@ def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentu
 
 
 @register(aten.native_batch_norm_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
                                save_invstd, train, eps, output_mask):
     channels = input.shape[1]

@@ -342,6 +342,7 @@ def _max_backward(op, k, args, grad, x, indices):
 
 
 @register(aten.max_pool2d_with_indices_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation,
                                      ceil_mode, indices):
     return _max_backward(aten.max_pool2d_with_indices_backward.default, 2,
@@ -350,6 +351,7 @@ def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dila
 
 
 @register(aten.max_pool3d_with_indices_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation,
                                      ceil_mode, indices):
     return _max_backward(aten.max_pool3d_with_indices_backward.default, 3,
@@ -358,12 +360,14 @@ def max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dila
 
 
 @register(aten.adaptive_max_pool2d_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def adaptive_max_pool2d_backward(grad, x, indices):
     return _max_backward(aten.adaptive_max_pool2d_backward.default, 2, (grad, x, indices), grad,
                          x, indices)
 
 
 @register(aten.adaptive_max_pool3d_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def adaptive_max_pool3d_backward(grad, x, indices):
     return _max_backward(aten.adaptive_max_pool3d_backward.default, 3, (grad, x, indices), grad,
                          x, indices)
@@ -450,6 +454,7 @@ def _avg_pool_backward(op, k, args):
 
 
 @register(aten.avg_pool2d_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                         divisor_override):
     return _avg_pool_backward(aten.avg_pool2d_backward.default, 2,
@@ -458,6 +463,7 @@ def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_
 
 
 @register(aten.avg_pool3d_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                         divisor_override):
     return _avg_pool_backward(aten.avg_pool3d_backward.default, 3,
@@ -496,11 +502,13 @@ def _adaptive_avg_backward(op, k, grad, x):
 
 
 @register(aten._adaptive_avg_pool2d_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def adaptive_avg_pool2d_backward(grad, x):
     return _adaptive_avg_backward(aten._adaptive_avg_pool2d_backward.default, 2, grad, x)
 
 
 @register(aten._adaptive_avg_pool3d_backward.default)
+@keeps_channels_last(1)  # (the CPU's grad_input layout)
 def adaptive_avg_pool3d_backward(grad, x):
     return _adaptive_avg_backward(aten._adaptive_avg_pool3d_backward.default, 3, grad, x)
 

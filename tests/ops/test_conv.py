@@ -122,6 +122,31 @@ def test_channels_last_inputs_give_the_cpus_result_layout(op, crop, seed):
         torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("op", [
+    lambda x, w: F.conv2d(x, w, padding=1), lambda x, w: F.conv2d(x.contiguous(), w.contiguous(
+        memory_format=torch.channels_last)),
+    lambda x, w: F.max_pool2d(x, 3, 2, 1), lambda x, w: F.avg_pool2d(x, 3, stride=2, padding=1),
+    lambda x, w: F.adaptive_avg_pool2d(x, 3), lambda x, w: F.adaptive_max_pool2d(x, (2, 3)),
+    lambda x, w: F.batch_norm(x, None, None, torch.ones(4, device=x.device), None,
+                              training=True),
+    lambda x, w: F.max_pool3d(x[:, :, None].expand(-1, -1, 2, -1, -1).contiguous(
+        memory_format=torch.channels_last_3d), 2),
+])  # (group_norm's autograd formula makes a non-CPU device's input contiguous, as CUDA's)
+def test_channels_last_inputs_get_the_cpus_gradient_layout(op, seed):
+    x = torch.randn(2, 4, 8, 10).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(6, 4, 3, 3)
+    grads = []
+    for a, b in ((x, w), (x.to("neuron"), w.to("neuron"))):
+        a, b = a.detach().requires_grad_(), b.detach().requires_grad_()
+        y = op(a, b)
+        upstream = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.device)
+        grads.append(torch.autograd.grad(y, (a, b), upstream, allow_unused=True))
+    for e, g in zip(*grads):
+        if e is not None:
+            assert g.stride() == e.stride()
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("cfg", [
     dict(x=(5, 32, 16, 16), w=(64, 32, 3, 3), padding=1),  # (weight gradient on MKL)
     dict(x=(5, 16, 11, 9), w=(64, 8, 3, 3), stride=2, groups=2, channels_last=True),
