@@ -8,6 +8,7 @@ the kernel dtype (16-bit floats as uint16 bit patterns), which kernels use.
 """
 from __future__ import annotations
 
+import copy as _copy
 import threading
 from collections import OrderedDict
 from functools import partial
@@ -308,15 +309,18 @@ class NeuronTensor(torch.Tensor):
         user = getattr(type(self), "_user_class", None)
         if user is not None:  # (Note [Subclasses of neuron tensors]) as the CPU saves them
             func, args = self._reduce_plain()
-            state = {k: v for k, v in self.__dict__.items() if k not in _DATA_ATTRS}
-            return torch._tensor._rebuild_from_type_v2, (func, user, args, state)
+            return torch._tensor._rebuild_from_type_v2, (func, user, args, _user_state(self))
         return self._reduce_plain()
 
     def _reduce_plain(self):
         # torch.save and pickle: the data travels in CPU storages, through rebuild functions
         # that torch.load(weights_only=True) accepts; loading moves it back to neuron (Note
         # [Saving storages]).
-        if getattr(self, "_is_param", False):
+        if getattr(self, "_is_param", False):  # (with the attributes a user set, as the
+            state = _user_state(self)  # CPU keeps them; a plain tensor's are not saved)
+            if state:
+                return (torch._utils._rebuild_parameter_with_state,
+                        (self.detach(), self.requires_grad, OrderedDict(), state))
             return (torch._utils._rebuild_parameter,
                     (self.detach(), self.requires_grad, OrderedDict()))
         saved = getattr(_saving, "storages", None)
@@ -401,12 +405,13 @@ class NeuronTensor(torch.Tensor):
             memo.setdefault(id(memo), []).append(memory)  # (copy.deepcopy's keep-alive list)
             core.launch("dma", memory.nbytes, 2 * memory.nbytes)
         copy = make(new, self.shape, self.stride(), self.storage_offset(), self.dtype)
-        if getattr(self, "_is_param", False):
+        if getattr(self, "_is_param", False):  # (a Parameter's attributes are not copied)
             copy = torch.nn.Parameter(copy, requires_grad=self.requires_grad)
         else:
             copy.requires_grad_(self.requires_grad)
             if self.grad is not None:
                 copy.grad = self.grad.__deepcopy__(memo)
+            copy.__dict__.update(_copy.deepcopy(_user_state(self), memo))
         memo[id(self)] = copy
         return copy
 
@@ -572,6 +577,11 @@ def set_dispatcher(fn) -> None:
 
 _DATA_ATTRS = frozenset(("_storage", "_nd", "_flat", "_key"))
 DEVICE_ATTRS = _DATA_ATTRS | {"_is_param"}  # what a tensor's __dict__ holds for the device
+
+
+def _user_state(t) -> dict:
+    """The attributes of t's __dict__ that are the user's, not the device's."""
+    return {k: v for k, v in t.__dict__.items() if k not in DEVICE_ATTRS and k != "_node"}
 _pending_hook = None
 
 

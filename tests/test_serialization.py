@@ -1,4 +1,5 @@
 """torch.load with map_location naming neuron (Note [Loading onto neuron])."""
+import copy
 import io
 import pickle
 
@@ -189,3 +190,25 @@ def test_neuron_tensors_are_not_shared_with_other_processes():
     with pytest.raises(RuntimeError, match="cannot be shared with or sent to another process"):
         ForkingPickler.dumps(model.weight)
     assert torch.equal(pickle.loads(pickle.dumps(model.weight)).cpu(), model.weight.cpu())
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_attributes_a_user_set_on_a_parameter_are_kept(weights_only):
+    """`p.no_decay = True` survives torch.save/torch.load and pickle as on the CPU, and a
+    tensor's attributes deepcopy (torch.save drops a plain neuron tensor's)."""
+    results = []
+    for device in ("cpu", "neuron"):
+        model = torch.nn.Linear(2, 2).to(device)
+        model.weight.no_decay, model.bias.group = True, "bias"
+        buffer = io.BytesIO()
+        torch.save(model.weight, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=weights_only)
+        copied = copy.deepcopy(model)
+        pickled = pickle.loads(pickle.dumps(model.bias))
+        t = torch.ones(2, device=device)
+        t.tag = "x"
+        results.append((loaded.no_decay, loaded.device.type, loaded.requires_grad,
+                        getattr(copied.weight, "no_decay", None), pickled.group,
+                        copy.deepcopy(t).tag))  # (deepcopy drops a Parameter's attributes)
+    assert results[1] == (*results[0][:1], "neuron", *results[0][2:])
