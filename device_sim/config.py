@@ -7,6 +7,7 @@ variables give the defaults when the package is imported.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -34,7 +35,22 @@ def _flag(name: str, default: bool) -> bool:
 
 def _hbm_bytes() -> int | None:
     value = os.environ.get("NEURON_EAGER_HBM_BYTES")
-    return parse_bytes(value) if value else None
+    if not value:
+        return None
+    try:
+        return parse_bytes(value)
+    except ValueError as e:
+        raise ValueError(f"NEURON_EAGER_HBM_BYTES: {e}") from None
+
+
+def _nanoseconds(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of nanoseconds, not {value!r}") from None
 
 
 @dataclass
@@ -55,7 +71,7 @@ class Config:
     # The cost model's fixed cost of one kernel launch in simulated nanoseconds (no public
     # figure; read when the core is made: later, use core.set_cost_model).
     launch_overhead_ns: float = field(
-        default_factory=lambda: float(os.environ.get("NEURON_EAGER_LAUNCH_OVERHEAD_NS", 10_000)))
+        default_factory=lambda: _nanoseconds("NEURON_EAGER_LAUNCH_OVERHEAD_NS", 10_000))
     # The Neuron compiler's --auto-cast: which fp32 ops compute on rounded inputs
     # ("none", "matmult": matmuls and convolutions, "all": elementwise ops too) ...
     auto_cast: str = field(default_factory=lambda: os.environ.get("NEURON_EAGER_AUTO_CAST",
@@ -80,6 +96,7 @@ class Config:
     before_numerics_change: ClassVar[list] = []
 
     def __setattr__(self, name, value):
+        _check_setting(name, value)
         if name in _read and value != getattr(self, name):
             raise ValueError(f"neuron_eager.config.{name} was read when neuron_eager was "
                              f"imported; {_AT_IMPORT[name]}")
@@ -117,6 +134,32 @@ _CHOICES = {"auto_cast": (("none", "matmult", "all"), "NEURON_EAGER_AUTO_CAST"),
             "auto_cast_type": (("bf16", "fp16", "tf32"), "NEURON_EAGER_AUTO_CAST_TYPE"),
             "bf16_gemm": (("psum", "cpu"), "NEURON_EAGER_BF16_GEMM")}
 _NUMERICS = ("stochastic_rounding", "auto_cast", "auto_cast_type")
+_ENV = {"cpu_fallback": "NEURON_EAGER_CPU_FALLBACK", "launch_blocking": "NEURON_LAUNCH_BLOCKING",
+        "stochastic_rounding": "NEURON_RT_STOCHASTIC_ROUNDING_EN",
+        "adaptive": "NEURON_EAGER_ADAPTIVE", "streaming_stores": "NEURON_EAGER_STREAMING_STORES",
+        "hbm_bytes": "NEURON_EAGER_HBM_BYTES",
+        "launch_overhead_ns": "NEURON_EAGER_LAUNCH_OVERHEAD_NS"}
+
+
+def _check_setting(name: str, value) -> None:
+    """Refuse a setting that does not exist or a value of the wrong kind: `config.cpu_falback
+    = False` or `config.cpu_fallback = "0"` (a true string) would otherwise do nothing, or
+    the opposite, without a word."""
+    kind = Config.__annotations__.get(name)
+    if kind is None:
+        if name == "numerics_key":
+            return
+        close = difflib.get_close_matches(name, Config.__annotations__, 1)
+        raise AttributeError(f"neuron_eager.config has no setting {name!r}" +
+                             (f"; did you mean {close[0]!r}?" if close else ""))
+    where = f"neuron_eager.config.{name}" + (f" (environment {_ENV[name]})" if name in _ENV
+                                             else "")
+    if kind == "bool" and type(value) is not bool:
+        raise TypeError(f"{where} must be True or False, not {value!r}")
+    if name == "launch_overhead_ns" and not (isinstance(value, (int, float)) and value >= 0):
+        raise ValueError(f"{where} must be a number of nanoseconds >= 0, not {value!r}")
+    if name == "hbm_bytes" and value is not None and not (type(value) is int and value > 0):
+        raise ValueError(f"{where} must be a positive number of bytes, not {value!r}")
 
 
 config = Config()

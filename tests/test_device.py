@@ -1,5 +1,8 @@
 """Registration: the device name, torch.neuron, torch.accelerator, generated methods."""
 import gc
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -145,3 +148,27 @@ def test_settings_read_at_import_refuse_a_change_naming_the_way():
         setattr(config, name, before)  # (the same value: nothing changes, nothing raised)
     config.cpu_fallback = False  # read at each use: changes at run time
     config.cpu_fallback = True
+
+
+def test_a_setting_that_does_not_exist_or_a_wrong_kind_of_value_is_refused():
+    config = neuron_eager.config
+    for name, value, error, words in [
+            ("cpu_falback", False, AttributeError, "did you mean 'cpu_fallback'"),
+            ("cpu_fallback", "0", TypeError, "NEURON_EAGER_CPU_FALLBACK"),
+            ("launch_blocking", "maybe", TypeError, "True or False"),
+            ("stochastic_rounding", 1, TypeError, "True or False")]:
+        before = getattr(config, name, None)
+        with pytest.raises(error, match=words):
+            setattr(config, name, value)
+        assert getattr(config, name, None) == before
+
+
+@pytest.mark.parametrize("variable,value,words", [
+    ("NEURON_EAGER_LAUNCH_OVERHEAD_NS", "-1000", ">= 0"),
+    ("NEURON_EAGER_LAUNCH_OVERHEAD_NS", "fast", "NEURON_EAGER_LAUNCH_OVERHEAD_NS must be a"),
+    ("NEURON_EAGER_HBM_BYTES", "0", "positive"),
+    ("NEURON_EAGER_HBM_BYTES", "lots", "NEURON_EAGER_HBM_BYTES: cannot read")])
+def test_a_bad_environment_setting_is_refused_at_import_naming_it(variable, value, words):
+    run = subprocess.run([sys.executable, "-c", "import neuron_eager"], capture_output=True,
+                         text=True, env=dict(os.environ, **{variable: value}), timeout=300)
+    assert run.returncode != 0 and words in run.stderr, run.stderr[-1500:]
