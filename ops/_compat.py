@@ -123,6 +123,8 @@ def install_backward_errors(errors) -> None:
         return result
 
     _engine_run_backward._neuron_wrapped = True
+    keep_dynamo_out(_engine_run_backward)  # (a compiled step's backward would trace it, and
+    # warn about the atexit call of Note [Exit after backward])
     graph._engine_run_backward = _engine_run_backward
     torch.autograd._engine_run_backward = _engine_run_backward  # (imported there by name)
 

@@ -180,3 +180,28 @@ def test_script_modules_move_to_neuron_and_back(make):
     torch.testing.assert_close(got.cpu(), want)
     torch.testing.assert_close(module.state_dict()["0.weight"].cpu(), eager[0].weight)
     module.to(torch.float64).to("cpu")
+
+
+_COMPILED_BACKWARD = """
+import warnings, torch, neuron_eager
+m = torch.nn.Linear(3, 2).to("neuron")
+@torch.compile
+def step(x):
+    loss = m(x).sum()
+    loss.backward()
+    return loss
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    step(torch.ones(2, 3, device="neuron"))
+assert torch.equal(m.weight.grad.cpu(), torch.full((2, 3), 2.0)), m.weight.grad
+print([str(w.message)[:80] for w in caught if "atexit" in str(w.message)])
+"""
+
+
+def test_a_compiled_step_with_backward_warns_nothing_of_ours():
+    """The first backward registers an exit hook (Note [Exit after backward]); Dynamo, tracing
+    a compiled step's backward, warned that it cannot trace atexit.register. A fresh
+    process: the hook is registered once per process."""
+    run = subprocess.run([sys.executable, "-c", _COMPILED_BACKWARD], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip().endswith("[]"), run.stdout + run.stderr
