@@ -336,8 +336,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="", help="JSON report path")
     parser.add_argument("--coverage-md", default="", help="write the coverage table here")
     parser.add_argument("--min-native-rate", type=float, default=0.0,
-                        help="exit 1 if the forward native rate is lower")
+                        help="exit 1 if the forward native rate is lower (a fraction: 0.95)")
     args = parser.parse_args(argv)
+    if args.samples < 1:
+        parser.error("--samples must be 1 or more")
+    if not 0 <= args.min_native_rate <= 1:
+        parser.error(f"--min-native-rate takes a fraction in [0, 1] (0.95 for 95%), not "
+                     f"{args.min_native_rate:g}")
+    if args.budget <= 0:
+        parser.error("--budget must be a positive number of seconds")
 
     from torch.testing._internal.common_methods_invocations import op_db
 

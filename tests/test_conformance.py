@@ -1,6 +1,7 @@
 """The OpInfo conformance runner itself, on a handful of ops."""
 import json
 
+import pytest
 import torch
 
 import neuron_eager.conformance as conformance
@@ -76,3 +77,11 @@ def test_unknown_op_names_and_dtypes_are_refused_with_suggestions(capsys):
             conformance.main(argv)
         assert exit_.value.code == 2 and expected in capsys.readouterr().err
     assert conformance._dtypes(None, "--dtypes", "bf16,fp32") == [torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("args,words", [(["--min-native-rate", "95"], "fraction in [0, 1]"),
+                                        (["--samples", "0"], "1 or more")])
+def test_options_out_of_range_are_usage_errors(args, words, capsys):
+    with pytest.raises(SystemExit) as stop:
+        conformance.main(["--ops", "add", *args])
+    assert stop.value.code == 2 and words in capsys.readouterr().err
