@@ -10,7 +10,8 @@ COMMANDS = {
 
 
 def usage() -> str:
-    lines = ["usage: neuron-eager COMMAND [options]   (neuron-eager COMMAND --help)", ""]
+    lines = ["usage: neuron-eager COMMAND [options]   (neuron-eager COMMAND --help; "
+             "neuron-eager --version)", ""]
     lines += [f"  {name:<12} {text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(lines)
 
@@ -19,6 +20,14 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"neuron-eager {version('neuron-eager')}")
+        except PackageNotFoundError:  # (run from a source tree that was not installed)
+            print("neuron-eager (not installed)")
         return 0
     command = COMMANDS.get(argv[0])
     if command is None:

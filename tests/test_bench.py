@@ -6,6 +6,7 @@ import textwrap
 import pytest
 import torch
 
+import neuron_eager
 from neuron_eager import adaptive, bench, cli, workloads
 from neuron_eager.device_sim import core
 
@@ -136,6 +137,8 @@ def test_cli_dispatches_and_explains(capsys):
     assert "bench" in capsys.readouterr().out
     assert cli.main(["frobnicate"]) == 2
     assert "unknown command" in capsys.readouterr().err
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith(f"neuron-eager {neuron_eager.__version__}")
 
 
 def test_cpu_mode_alone(tmp_path):
