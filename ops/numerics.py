@@ -131,12 +131,12 @@ def f32_to_f16_stochastic(x, noise):
     down = f16_to_f32(down_bits)
     if down != down or down == x or np.isinf(x):
         return down_bits
-    # the neighbour on the other side of x
-    if (down < x) == (down >= 0):
+    # the neighbour on the other side of x: one step of magnitude up or down, in x's sign
+    # (down keeps it, -0.0 too: its other neighbour is -2**-24, not +2**-24)
+    if abs(down) < abs(x):
         other_bits = np.uint16(down_bits + np.uint16(1))
     else:
-        other_bits = np.uint16(down_bits - np.uint16(1)) if (down_bits & np.uint16(0x7FFF)) \
-            else np.uint16(down_bits ^ np.uint16(0x8001))
+        other_bits = np.uint16(down_bits - np.uint16(1))
     other = f16_to_f32(other_bits)
     p = (np.float64(x) - np.float64(down)) / (np.float64(other) - np.float64(down))
     r = (np.uint32(noise) & np.uint32(0xFFFFFF)) * (1.0 / 16777216.0)

@@ -119,6 +119,17 @@ def test_stochastic_rounding_is_unbiased(stochastic):
     assert (nearest == 1.0).all()  # the same sum rounded to nearest: biased, the test can fail
 
 
+@pytest.mark.parametrize("value", [1e-8, -1e-8, 2.0 ** -26, -3.0 * 2 ** -27, -0.3 * 2 ** -14])
+def test_stochastic_rounding_to_fp16_is_unbiased_near_zero(stochastic, value):
+    """A negative value whose nearest fp16 is -0.0 rounds to -0.0 or -2**-24 (its other
+    neighbour was +2**-24, so it never left -0.0: a mean of 0)."""
+    got = torch.full((400_000,), value, device="neuron").half().cpu().double()
+    ulp = 2.0 ** -24
+    assert set(got.unique().tolist()) <= {math.floor(value / ulp) * ulp,
+                                          math.ceil(value / ulp) * ulp}
+    assert abs(got.mean().item() - value) < 0.02 * ulp, (got.mean().item(), value)
+
+
 def test_stochastic_rounding_is_reproducible_under_manual_seed(stochastic):
     ones, delta = _between_bf16_neighbours(10_000, 0.5)
 
