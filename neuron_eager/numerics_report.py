@@ -132,7 +132,9 @@ def markdown(rows: list[dict], points: int) -> str:
         "  `NEURON_RT_STOCHASTIC_ROUNDING_EN=1`). float64 computes as fp32, int64 as int32.",
         "- fp32 <-> bf16/fp16 conversions are bit-exact against `torch.Tensor.to` (NaN, inf,",
         "  subnormals and ties included; tests/test_tensor.py).",
-        "- Stochastic rounding adds 16 (bf16) or 13 (fp16) random low bits before truncating: "
+        "- Stochastic rounding adds 16 random low bits before truncating (bf16), or rounds "
+        "away from",
+        "  the nearest fp16 with probability equal to the distance (fp16, 24 random bits): "
         "unbiased",
         "  (tests/test_numerics.py measures the mean error), reproducible under",
         "  `torch.neuron.manual_seed` and not shifting the device's other random numbers (the",

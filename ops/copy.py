@@ -15,7 +15,7 @@ from torch._prims_common import compute_elementwise_output_strides
 from torch._prims_common import \
     is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-from neuron_eager.device_sim import core
+from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics, workers
 from neuron_eager.ops.numerics import warn_int64_range
@@ -205,6 +205,23 @@ def copy(x, src, non_blocking=False):
     kept = clone(x) if overlap.has_internal_overlap(x) else \
         E.copy_into(T.empty(x.shape, x.dtype, x.stride()), x)
     return aten.copy_.default(kept, src)
+
+
+def staged(shape, dtype: torch.dtype, stat: bool = False):
+    """(result, what a row kernel writes into; `finish` then fills the result). Norms write
+    statistics (`stat`) as fp32; 16-bit results go through an fp32 stage when rounding is
+    stochastic, so that the convert kernel does the rounding."""
+    out = T.empty(shape, dtype)
+    if (stat and dtype != torch.float32) or (
+            config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)):
+        return out, T.empty(shape, torch.float32)
+    return out, out
+
+
+def finish(out: T.NeuronTensor, stage: T.NeuronTensor) -> T.NeuronTensor:
+    if stage is not out:
+        E.copy_into(out, stage)
+    return out
 
 
 @register(aten._reshape_copy.default)

@@ -14,7 +14,7 @@ from neuron_eager.device_sim import config, core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics, workers
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.copy import keeps_channels_last
+from neuron_eager.ops.copy import finish, keeps_channels_last, staged
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.kernelgen import JIT_OPTIONS
 from neuron_eager.ops.meta import meta_run
@@ -35,23 +35,6 @@ def kernel_for(build, load_code: str, store_code: str):
         kernel = _kernels[key] = build(numerics.loader(load_code, "f32"),
                                        numerics.storer(store_code))
     return kernel
-
-
-def staged(shape, dtype: torch.dtype, stat: bool = False):
-    """(result, what the kernel writes into). Kernels write statistics (`stat`) as fp32;
-    16-bit results go through an fp32 stage when rounding is stochastic, so that the
-    convert kernel does the rounding."""
-    out = T.empty(shape, dtype)
-    if (stat and dtype != F32) or (config.stochastic_rounding and dtype in (torch.bfloat16,
-                                                                            torch.float16)):
-        return out, T.empty(shape, F32)
-    return out, out
-
-
-def finish(out: T.NeuronTensor, stage: T.NeuronTensor) -> T.NeuronTensor:
-    if stage is not out:
-        E.copy_into(out, stage)
-    return out
 
 
 def f32_vector(t: T.NeuronTensor | None, n: int, fill: float) -> T.NeuronTensor:

@@ -14,6 +14,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.activation import exp_f32, log_f32
+from neuron_eager.ops.copy import finish, staged
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.numerics import SUM_LANES, lane_sum, row_max
 from neuron_eager.ops.tensor import dtype_name as _dtype_label
@@ -217,21 +218,21 @@ def _out_dtype(x: NeuronTensor, half_to_float: bool, dim: int = -1,
 
 def _forward(mode: str, x: NeuronTensor, dim: int, out_dtype: torch.dtype) -> NeuronTensor:
     dim = T.wrap_dim(dim, x.dim())
-    out = T.empty(x.shape, out_dtype)
+    out, stage = staged(x.shape, out_dtype)  # (stochastic rounding: by the convert kernel)
     if out.numel() == 0:
         return out
     flat, (so, sn, si), (outer, n, inner) = _rows(x, dim)
     make = _forward_lastdim if inner == 1 else _forward_inner
-    codes = (numerics.CODE[x.dtype], numerics.CODE[out_dtype])
+    codes = (numerics.CODE[x.dtype], numerics.CODE[stage.dtype])
     kernel = _kernel((make, mode) + codes, lambda: make(
         mode, numerics.loader(codes[0], "f32"), numerics.storer(codes[1])))
-    out_flat = out._nd.reshape(-1)
+    out_flat = stage._nd.reshape(-1)
     if inner == 1:
         workers.share_rows(kernel, outer, out.numel(), [out_flat, flat, so, sn, n])
     else:
         workers.share_rows(kernel, outer, out.numel(), [out_flat, flat, so, sn, si, n, inner])
-    core.launch("scalar", out.numel(), x._nd.nbytes + out_flat.nbytes)
-    return out
+    core.launch("scalar", out.numel(), x._nd.nbytes + out._nd.nbytes)
+    return finish(out, stage)
 
 
 def _backward(log: bool, grad: NeuronTensor, output: NeuronTensor, dim: int,
@@ -240,17 +241,17 @@ def _backward(log: bool, grad: NeuronTensor, output: NeuronTensor, dim: int,
         raise RuntimeError(f"grad_output shape {list(grad.shape)} does not match output shape "
                            f"{list(output.shape)}")
     dim = T.wrap_dim(dim, grad.dim())
-    out = T.empty(grad.shape, input_dtype)
+    out, stage = staged(grad.shape, input_dtype)
     if out.numel() == 0:
         return out
     g, gs, sizes = _rows(grad, dim)
     y, ys, _ = _rows(output, dim)
     make = _backward_lastdim if sizes[2] == 1 else _backward_inner
-    codes = (numerics.CODE[grad.dtype], numerics.CODE[output.dtype], numerics.CODE[input_dtype])
+    codes = (numerics.CODE[grad.dtype], numerics.CODE[output.dtype], numerics.CODE[stage.dtype])
     kernel = _kernel((make, log) + codes, lambda: make(
         log, numerics.loader(codes[0], "f32"), numerics.loader(codes[1], "f32"),
         numerics.storer(codes[2])))
-    out_flat = out._nd.reshape(-1)
+    out_flat = stage._nd.reshape(-1)
     if sizes[2] == 1:
         workers.share_rows(kernel, sizes[0], out.numel(), [out_flat, g, y, gs[0], gs[1], ys[0],
                                                            ys[1], sizes[1]])
@@ -258,8 +259,8 @@ def _backward(log: bool, grad: NeuronTensor, output: NeuronTensor, dim: int,
         workers.share_rows(kernel, sizes[0], out.numel(),
                            [out_flat, g, y, *gs, *ys, sizes[1], sizes[2]])
     core.launch("scalar" if log else "vector", out.numel(),
-                grad._nd.nbytes + output._nd.nbytes + out_flat.nbytes)
-    return out
+                grad._nd.nbytes + output._nd.nbytes + out._nd.nbytes)
+    return finish(out, stage)
 
 
 # -- ops ---------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import neuron_eager
 from numba import njit
@@ -128,6 +129,35 @@ def test_stochastic_rounding_to_fp16_is_unbiased_near_zero(stochastic, value):
     assert set(got.unique().tolist()) <= {math.floor(value / ulp) * ulp,
                                           math.ceil(value / ulp) * ulp}
     assert abs(got.mean().item() - value) < 0.02 * ulp, (got.mean().item(), value)
+
+
+_ROW_OPS = {
+    "softmax": lambda t: t.softmax(-1), "log_softmax": lambda t: t.log_softmax(0),
+    "softmax backward": lambda t: torch.ops.aten._softmax_backward_data(t, t, -1, t.dtype),
+    "logcumsumexp": lambda t: t.logcumsumexp(-1),
+    "embedding_bag": lambda t: F.embedding_bag(
+        torch.arange(60, device=t.device).view(10, 6) % t.shape[0], t, mode="mean")}
+
+
+@pytest.mark.parametrize("name", _ROW_OPS)
+def test_row_kernels_round_stochastically_too(stochastic, name):
+    """Each result is one of the two bf16 neighbours of the op's fp32 value, the upper one
+    as often as its distance says (softmax and friends rounded to nearest before)."""
+    fn = _ROW_OPS[name]
+    x = (torch.randn(40, 64, generator=torch.Generator().manual_seed(0)) * 3).bfloat16()
+    x = x.to("neuron")
+    config.stochastic_rounding = False
+    exact = fn(x.float()).cpu()
+    config.stochastic_rounding = True
+    torch.neuron.manual_seed(0)
+    got = fn(x).cpu().float()
+    down = exact.bfloat16().float()  # (nearest; the other neighbour is one bf16 step away)
+    step = torch.where(exact >= down, 1, -1)
+    bits = down.bfloat16().view(torch.int16) + step * torch.where(down >= 0, 1, -1)
+    up = bits.to(torch.int16).view(torch.bfloat16).float()
+    assert ((got == down) | (got == up)).all()
+    moved = (got != down).float().mean().item()
+    assert 0.1 < moved < 0.5, moved  # (round to nearest: 0)
 
 
 def test_stochastic_rounding_is_reproducible_under_manual_seed(stochastic):
