@@ -137,7 +137,8 @@ def markdown(rows: list[dict], points: int) -> str:
         "  the nearest fp16 with probability equal to the distance (fp16, 24 random bits): "
         "unbiased",
         "  (tests/test_numerics.py measures the mean error), reproducible under",
-        "  `torch.neuron.manual_seed` and not shifting the device's other random numbers (the",
+        "  `torch.neuron.manual_seed` (and `get/set_rng_state`, whose state carries the noise's),",
+        "  and not shifting the device's other random numbers (the",
         "  noise has its own stream, see Note [stochastic rounding noise] in ops/numerics.py).",
         "- Matmul: fp32 products summed in fp32 per K-chunk of 128 (one BLAS sgemm per staged",
         "  chunk), chunk sums added in order into an fp32 accumulator, `alpha*acc + beta*C`",

@@ -724,8 +724,14 @@ def _seed_thread_rng(seed):
     np.random.seed(seed)
 
 
-def reset_noise(seed: int) -> None:
-    _noise["seed"], _noise["launch"] = seed & _MASK64, 0
+def reset_noise(seed: int, launch: int = 0) -> None:
+    _noise["seed"], _noise["launch"] = seed & _MASK64, launch & _MASK64
+
+
+def noise_state() -> tuple[int, int]:
+    """(seed, launches so far): part of torch.neuron.get_rng_state(), so that restoring the
+    state repeats the rounding too."""
+    return _noise["seed"], _noise["launch"]
 
 
 def _mix(x: int) -> int:

@@ -98,14 +98,23 @@ class Generator:
         return np.uint64(self._seed), np.uint64(offset)
 
     def get_state(self) -> torch.Tensor:
-        return torch.tensor(np.array([self._seed, self._offset], dtype=np.uint64).view(np.uint8))
+        """The seed and offset (16 bytes, as CUDA's); the device's adds its rounding noise's
+        seed and launch count (32 bytes: Note [stochastic rounding noise])."""
+        words = [self._seed, self._offset]
+        if self._rounding_noise:
+            words += numerics.noise_state()
+        return torch.tensor(np.array(words, dtype=np.uint64).view(np.uint8))
 
     def set_state(self, state: torch.Tensor) -> None:
-        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != 16:
-            raise RuntimeError("expected a 16-byte torch.uint8 state from "
-                               "torch.neuron.get_rng_state()")
-        seed, offset = state.cpu().numpy().view(np.uint64)
-        self._seed, self._offset = int(seed), int(offset)
+        sizes = (16, 32) if self._rounding_noise else (16,)
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or \
+                state.numel() not in sizes:
+            raise RuntimeError(f"expected a {' or '.join(map(str, sizes))}-byte torch.uint8 "
+                               f"state from torch.neuron.get_rng_state()")
+        words = [int(w) for w in state.cpu().numpy().view(np.uint64)]
+        self._seed, self._offset = words[:2]
+        if len(words) == 4:
+            numerics.reset_noise(*words[2:])
 
 
 default_generator = Generator(rounding_noise=True)

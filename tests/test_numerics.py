@@ -173,6 +173,24 @@ def test_stochastic_rounding_is_reproducible_under_manual_seed(stochastic):
     assert not torch.equal(first[0], other[0])
 
 
+def test_restoring_the_rng_state_repeats_the_rounding_too(stochastic):
+    """get/set_rng_state and fork_rng carry the rounding noise's seed and launch count
+    (Note [stochastic rounding noise]); a 16-byte state (CUDA's size) still loads."""
+    x = torch.full((4096,), 1 + 0.3 * 2 ** -7, device="neuron")
+    torch.neuron.manual_seed(5)
+    x.bfloat16()
+    state = torch.neuron.get_rng_state()
+    first = [x.bfloat16().cpu(), torch.rand(8, device="neuron").cpu()]
+    torch.neuron.set_rng_state(state)
+    again = [x.bfloat16().cpu(), torch.rand(8, device="neuron").cpu()]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    with torch.random.fork_rng(device_type="neuron"):
+        inside = x.bfloat16().cpu()
+    assert torch.equal(inside, x.bfloat16().cpu())
+    torch.neuron.set_rng_state(state[:16].clone())  # (seed and offset only: noise as it was)
+    assert torch.equal(torch.rand(8, device="neuron").cpu(), first[1])
+
+
 def test_stochastic_rounding_does_not_shift_other_random_numbers():
     torch.neuron.manual_seed(3)
     plain = torch.rand(1000, device="neuron").cpu()
