@@ -69,10 +69,9 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             dtype = E.result_type(*operands_, sig=sig)
             for v in values:
                 numerics.check_fits_compute(v, dtype)
-        if round_scalars == "first":
-            if _is_number(operands_[0]):
-                operands_ = (dtype_rounded(operands_[1], operands_[0]), *operands_[1:])
-        elif round_scalars:
+        if round_scalars == "first" and _is_number(operands_[0]):
+            operands_ = (dtype_rounded(operands_[1], operands_[0]), *operands_[1:])
+        elif round_scalars is True:
             operands_, values = _rounded(operands_, values)
         return operands_, values
 
@@ -82,7 +81,7 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             if plain_op is not None and len(args) == operands and not kwargs:
                 if check is not None:
                     check(*args)
-                return E.run(plain_op, _rounded(args)[0] if round_scalars else args)
+                return E.run(plain_op, _rounded(args)[0] if round_scalars is True else args)
             ops, values = parse(args, kwargs)
             return E.run(op, ops, values)
 
@@ -93,7 +92,7 @@ def define(name, fn, functional=(), inplace=(), operands=2, params=(), kind="def
             if plain_op is not None and len(args) == operands and not kwargs:
                 if check is not None:
                     check(*args)
-                return plain_op, _rounded(args)[0] if round_scalars else args, ()
+                return plain_op, _rounded(args)[0] if round_scalars is True else args, ()
             ops, values = parse(args, kwargs)
             return op, ops, values
 
@@ -291,9 +290,8 @@ define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar], [aten.mul_
 
 
 # Note [mul_ by a Scalar]
-# The CPU's mul_.Scalar (not mul_.Tensor with a Python number, which `x.mul_(0.1)` calls, nor
-# mul.Scalar) rounds its scalar to a bf16/fp16 tensor's dtype first; its foreach mul_ (the
-# optimizers' momentum and weight decay) calls it, so bf16 training needs the same bits.
+# The CPU's mul_.Scalar (its foreach mul_ calls it: optimizers' momentum, weight decay; not
+# `x.mul_(0.1)`'s mul_.Tensor, nor mul.Scalar) rounds its scalar to a bf16/fp16 dtype first.
 def dtype_rounded(x, other):
     """`other`, a Python number, rounded to x's dtype when that is bf16/fp16 (else as is)."""
     if isinstance(x, torch.Tensor) and x.dtype in _REDUCED and _is_number(other):

@@ -98,7 +98,7 @@ def _bf16_pow(x, y):
     return _float_pow(x, y)
 
 
-_POW_BF16 = define("pow_bf16", lambda x, y: _bf16_pow(x, y), engine="scalar")  # (chosen by _pow_scalar_op)
+_POW_BF16 = define("pow_bf16", lambda x, y: _bf16_pow(x, y), engine="scalar")  # (by dtype)
 
 
 @njit(inline="always")
