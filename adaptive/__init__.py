@@ -118,6 +118,8 @@ def explain(last: int = 5) -> str:
     """The `last` regions run (the latest 16 are kept): why each was flushed, and per group
     its ops, the user lines they were recorded at, how it ran (op by op, fused: compiled,
     loaded from the disk cache or a cache hit) and its elements."""
+    if type(last) is not int:
+        raise TypeError(f"explain(last): the number of regions to show, not {last!r}")
     lines = []
     if last <= 0:
         return ""  # (a slice [-0:] would be every region)

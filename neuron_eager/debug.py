@@ -74,6 +74,9 @@ class check_ops(TorchDispatchMode):
     def __init__(self, rtol: float | None = None, atol: float | None = None,
                  raise_first: bool = False):
         super().__init__()
+        for name, value in (("rtol", rtol), ("atol", atol)):
+            if value is not None and not (isinstance(value, (int, float)) and value >= 0):
+                raise ValueError(f"check_ops: {name} must be a number >= 0, not {value!r}")
         self.rtol, self.atol, self.raise_first = rtol, atol, raise_first
         self.checked = 0  # ops compared
         self.findings: list[Finding] = []

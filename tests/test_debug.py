@@ -1,8 +1,9 @@
 """neuron_eager.debug.check_ops: each op's neuron result against the CPU's."""
+import pytest
 import torch
 import torch.nn.functional as F
 
-import neuron_eager  # noqa: F401
+import neuron_eager
 from neuron_eager import debug
 from checks import corrupt
 
@@ -84,3 +85,11 @@ def test_a_wrong_backward_op_is_found_at_its_forward_line(monkeypatch):
     assert finding.op == "aten.tanh_backward.default" and finding.backward_of == "TanhBackward0"
     assert finding.where == (__file__, line)
     assert f"backward of the op at {__file__}:{line}" in str(finding)
+
+
+def test_bad_tolerances_and_explain_arguments_are_refused():
+    for kwargs in (dict(rtol=-1), dict(atol="1e-3")):
+        with pytest.raises(ValueError, match="must be a number >= 0"):
+            debug.check_ops(**kwargs)
+    with pytest.raises(TypeError, match="number of regions"):
+        neuron_eager.adaptive.explain("x")
