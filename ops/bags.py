@@ -14,7 +14,7 @@ from neuron_eager.ops import indexing as I
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import fill
-from neuron_eager.ops.copy import finish as finish_stage, staged
+from neuron_eager.ops.copy import stage_dtype
 from neuron_eager.ops.indexing import as_long, check_bounds, contiguous, finish
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import register
@@ -138,8 +138,7 @@ def _embedding_bag_impl(weight, indices, offsets, mode=0, per_sample_weights=Non
     check_bounds(idx, weight.shape[0], 0, False, "bag")
     nbags = starts.shape[0]
     w = contiguous(weight)
-    out, stage = staged((nbags, weight.shape[1]), weight.dtype)  # (rounded stochastically
-    # by the convert kernel when that is on)
+    out = T.empty((nbags, weight.shape[1]), stage_dtype(weight.dtype))  # (stochastic rounding)
     offset2bag = fill(T.empty((idx.numel(),), torch.int64), 0)
     bag_size = T.empty((nbags,), torch.int64)
     max_idx = fill(T.empty((nbags, weight.shape[1]) if mode == 2 else (nbags,), torch.int64), -1)
@@ -147,12 +146,11 @@ def _embedding_bag_impl(weight, indices, offsets, mode=0, per_sample_weights=Non
            else np.empty(0, T.STORAGE_DTYPE[weight.dtype]))
     if nbags:
         mi = max_idx._nd if mode == 2 else np.empty((0, 0), np.int64)
-        _bag_kernel("forward", numerics.CODE[weight.dtype], numerics.CODE[stage.dtype])(
-            stage._nd, offset2bag._nd, bag_size._nd, mi, w._nd, idx._nd, starts, ends, mode, psw,
+        _bag_kernel("forward", numerics.CODE[weight.dtype], numerics.CODE[out.dtype])(
+            out._nd, offset2bag._nd, bag_size._nd, mi, w._nd, idx._nd, starts, ends, mode, psw,
             padding_idx)
         core.launch("gpsimd", idx.numel() * weight.shape[1], out._nd.nbytes + idx._nd.nbytes)
-        finish_stage(out, stage)
-    return out, offset2bag, bag_size, max_idx
+    return finish(out, weight.dtype), offset2bag, bag_size, max_idx
 
 
 @register(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)

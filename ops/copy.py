@@ -207,13 +207,19 @@ def copy(x, src, non_blocking=False):
     return aten.copy_.default(kept, src)
 
 
+def stage_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a kernel that rounds to nearest writes a `dtype` result as: fp32 for a 16-bit
+    result when rounding is stochastic, so that the convert kernel does the rounding."""
+    if config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return dtype
+
+
 def staged(shape, dtype: torch.dtype, stat: bool = False):
-    """(result, what a row kernel writes into; `finish` then fills the result). Norms write
-    statistics (`stat`) as fp32; 16-bit results go through an fp32 stage when rounding is
-    stochastic, so that the convert kernel does the rounding."""
+    """(result, what a row kernel writes into; `finish` then fills the result): an fp32
+    stage for norms' statistics (`stat`) and where `stage_dtype` says."""
     out = T.empty(shape, dtype)
-    if (stat and dtype != torch.float32) or (
-            config.stochastic_rounding and dtype in (torch.bfloat16, torch.float16)):
+    if (stat and dtype != torch.float32) or stage_dtype(dtype) != dtype:
         return out, T.empty(shape, torch.float32)
     return out, out
 

@@ -18,7 +18,8 @@ from neuron_eager.ops import histogram  # noqa: F401  (histc, bincount, histogra
 from neuron_eager.ops import numerics
 from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.copy import finish, staged
+from neuron_eager.ops.copy import stage_dtype
+from neuron_eager.ops.indexing import finish
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.meta import meta_outputs
 from neuron_eager.ops.reduction import load, store  # template placeholders
@@ -448,11 +449,8 @@ def logcumsumexp(x, dim):
     if not x.dtype.is_floating_point:
         raise NotImplementedError(f'"logcumsumexp_out_cpu" not implemented for '
                                   f"'{T.dtype_name(x.dtype)}'")
-    out, stage = staged(x.shape, x.dtype)  # (rounded stochastically by the convert kernel
-    if stage is out or not x.numel():  # when that is on)
-        return _cum(aten.logcumsumexp.default, x, dim, logcumsumexp_kernel, out_dtype=x.dtype)
-    return finish(out, _cum(aten.logcumsumexp.default, x, dim, logcumsumexp_kernel,
-                            out_dtype=stage.dtype))
+    return finish(_cum(aten.logcumsumexp.default, x, dim, logcumsumexp_kernel,
+                       out_dtype=stage_dtype(x.dtype)), x.dtype)  # (stochastic rounding)
 
 
 # -- kthvalue, median, nanmedian, mode ----------------------------------------------------------

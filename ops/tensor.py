@@ -316,13 +316,11 @@ class NeuronTensor(torch.Tensor):
         # torch.save and pickle: the data travels in CPU storages, through rebuild functions
         # that torch.load(weights_only=True) accepts; loading moves it back to neuron (Note
         # [Saving storages]).
-        if getattr(self, "_is_param", False):  # (with the attributes a user set, as the
-            state = _user_state(self)  # CPU keeps them; a plain tensor's are not saved)
-            if state:
-                return (torch._utils._rebuild_parameter_with_state,
-                        (self.detach(), self.requires_grad, OrderedDict(), state))
-            return (torch._utils._rebuild_parameter,
-                    (self.detach(), self.requires_grad, OrderedDict()))
+        # A Parameter keeps the attributes a user set, as on the CPU (a plain tensor's are not
+        # saved: _rebuild_from_type_v2 would make it a plain torch.Tensor).
+        if getattr(self, "_is_param", False):
+            return (torch._utils._rebuild_parameter_with_state,
+                    (self.detach(), self.requires_grad, OrderedDict(), _user_state(self)))
         saved = getattr(_saving, "storages", None)
         if saved is None:
             return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
@@ -579,10 +577,12 @@ _DATA_ATTRS = frozenset(("_storage", "_nd", "_flat", "_key"))
 DEVICE_ATTRS = _DATA_ATTRS | {"_is_param"}  # what a tensor's __dict__ holds for the device
 
 
+_pending_hook = None
+
+
 def _user_state(t) -> dict:
     """The attributes of t's __dict__ that are the user's, not the device's."""
     return {k: v for k, v in t.__dict__.items() if k not in DEVICE_ATTRS and k != "_node"}
-_pending_hook = None
 
 
 def set_pending_hook(fn) -> None:
