@@ -148,19 +148,73 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     if steps == 1:
         return C.fill(out, start)
     if steps:
-        # PyTorch's CPU kernel steps in the output's own float type (fp32 here), in doubles
-        # for integer outputs
-        if meta.dtype.is_floating_point:
-            start, end = np.float32(start), np.float32(end)
-            step = np.float32(end - start) / np.float32(steps - 1)
-        else:
-            start, end = float(start), float(end)
-            step = (end - start) / (steps - 1)
-            if meta.dtype == torch.int64:
-                C.warn_int64_range(*[int(v) for v in (start, end) if math.isfinite(v)])
-        _storer64(numerics.CODE[out.dtype])[1](out._nd, start, end, step)
+        _linspace_into(out, start, end, steps)
         core.launch("gpsimd", out.numel(), out._nd.nbytes)
     return out
+
+
+# Note [linspace as the CPU computes it]
+# PyTorch's CPU kernel first converts both bounds to the output's dtype (c10's checked
+# conversion: an int8 bound of 300 raises, an integer -5 wraps into uint8), then steps from
+# the nearer end: start + step * i for the first half, end - step * (n - 1 - i) after. A bf16
+# or fp16 output computes in its own type, rounding every operation (the index too) as c10's
+# 16-bit arithmetic does; fp32 steps in fp32 with each value a fused multiply-add (exact in
+# doubles, then rounded once); integer outputs step in doubles.
+def _linspace_into(out, start, end, steps) -> None:
+    dtype = out.dtype
+    numerics.check_fits(start, dtype)
+    numerics.check_fits(end, dtype)
+    code = numerics.CODE[dtype]
+    if code in ("bf16", "f16"):
+        rnd = _host_rounder(dtype)
+        start, end = rnd(start), rnd(end)
+        step = rnd(rnd(end - start) / rnd(steps - 1))
+        _linspace_16bit(code)(out._nd, start, end, step)
+        return
+    if dtype == torch.float32:
+        start, end = np.float32(start), np.float32(end)
+        step = np.float32(end - start) / np.float32(steps - 1)
+    else:
+        if not dtype.is_floating_point:  # (a float truncates toward zero; an integer wraps
+            bits = torch.iinfo(dtype).bits  # into an unsigned type)
+            start, end = (_wrap(int(v), dtype, bits) for v in (start, end))
+            if dtype == torch.int64:
+                C.warn_int64_range(start, end)
+        start, end = float(start), float(end)
+        step = (end - start) / (steps - 1)
+    _storer64(code)[1](out._nd, start, end, step)
+
+
+def _wrap(v: int, dtype, bits: int) -> int:
+    return v % (1 << bits) if not dtype.is_signed else v
+
+
+def _host_rounder(dtype):
+    """Python number -> its bf16 or fp16 value as an np.float32, rounded through fp32 as
+    c10 converts it."""
+    return lambda v: np.float32(torch.tensor(np.float32(v)).to(dtype).item())
+
+
+_LINSPACE16: dict = {}
+
+
+def _linspace_16bit(code: str):
+    kernel = _LINSPACE16.get(code)
+    if kernel is None:
+        store = numerics.storer(code)
+        rnd = numerics.round_to_bf16 if code == "bf16" else numerics.round_to_f16
+
+        @njit
+        def kernel(out, start, end, step):
+            n = out.shape[0]
+            for i in range(n):
+                if i < n // 2:
+                    out[i] = store(rnd(start + rnd(step * rnd(np.float32(i)))))
+                else:
+                    out[i] = store(rnd(end - rnd(step * rnd(np.float32(n - 1 - i)))))
+
+        kernel = _LINSPACE16[code] = kernel
+    return kernel
 
 
 def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):

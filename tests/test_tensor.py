@@ -77,6 +77,26 @@ def test_factories():
         torch.arange(0, 10, -1, device=dev)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8,
+                                   torch.uint8, torch.int16, torch.int32])
+def test_linspace_gives_the_cpus_bits_and_refuses_what_it_refuses(dtype):
+    # 16-bit outputs compute in 16 bits; bounds are converted to the dtype first (Note
+    # [linspace as the CPU computes it])
+    for args in [(-1, 1, 11), (-3, 7, 1001), (0.1, 0.7, 37), (5, -3, 200), (-5, 3, 4),
+                 (0, 100, 3000), (-100.7, 99.3, 257), (-5.0, 3, 4), (0, 300, 4),
+                 (0, 40000.0, 5), (0, 1e10, 4), (0, 70000.0, 3), (0, float("nan"), 3)]:
+        try:
+            want = torch.linspace(*args, dtype=dtype)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match=str(e)):
+                torch.linspace(*args, dtype=dtype, device="neuron")
+            continue
+        got = torch.linspace(*args, dtype=dtype, device="neuron").cpu()
+        assert torch.equal(got, want) or want.is_floating_point() and \
+            torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()],
+                                                                   want[~want.isnan()]), args
+
+
 def test_repr_matches_pytorch_format():
     cases = [torch.tensor([1.5, -2.0]), torch.tensor([[1, 2], [3, 4]]),
              torch.tensor([0.25], dtype=torch.bfloat16), torch.tensor(3.0), torch.empty(0, 3),
