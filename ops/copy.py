@@ -468,7 +468,16 @@ def new_empty(x, size, *, dtype=None, layout=None, device=None, pin_memory=None)
 
 @honours_device(aten.new_empty_strided.default)
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    check_strides(size, stride)
     return filled_if_deterministic(T.empty(size, _like_dtype(x, dtype), stride))
+
+
+def check_strides(size, stride) -> None:
+    """Refuse a negative stride along a dim of 2+ elements, as c10 does when it sizes the
+    storage (it multiplies strides as unsigned numbers)."""
+    if 0 not in size and any(st < 0 and n > 1 for n, st in zip(size, stride)):
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(size)} and "
+                           f"strides={list(stride)}")
 
 
 @honours_device(aten.new_zeros.default)

@@ -96,7 +96,9 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
     dtype = dtype or torch.get_default_dtype()
     T.check_dtype(dtype)
     C.warn_float64(dtype)
-    return C.filled_if_deterministic(T.empty(T.requested_shape(size), dtype, stride))
+    size = T.requested_shape(size)
+    C.check_strides(size, stride)
+    return C.filled_if_deterministic(T.empty(size, dtype, stride))
 
 
 def _check_layout(layout):
@@ -298,6 +300,27 @@ def _tri_indices(op, lower):
     return tri_indices
 
 
+def kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layout=None,
+                  device=None, pin_memory=None):
+    """As the CPU's kernel: i0(beta * sqrt(|1 - ((n - a) / a) ** 2|)) / i0(beta) in fp32 over n
+    = arange(window_length (+1 if periodic)) in the dtype, a = (length - 1) / 2, rounded once."""
+    try:
+        meta = _meta(aten.kaiser_window.beta, (window_length, periodic, beta),
+                     dict(dtype=dtype, layout=layout))
+    except RuntimeError as e:  # (its dtype check prints the options it was given)
+        raise RuntimeError(str(e).replace("device=meta", f"device={device}").replace(
+            "pinned_memory=false (default)", "pinned_memory=false")) from None
+    if window_length <= 1:
+        return full(meta.shape, 1, dtype=meta.dtype)
+    length = window_length + 1 if periodic else window_length
+    n = torch.arange(length, dtype=meta.dtype, device=T.DEVICE).float()
+    alpha = float(np.float32((length - 1) / 2.0))
+    x = (n - alpha) / alpha
+    i0_beta = torch.special.i0(full((), beta, dtype=torch.float32))
+    window = torch.special.i0(beta * (1 - x * x).abs().sqrt()) / i0_beta
+    return window[:window_length].to(meta.dtype)
+
+
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return full((), s, dtype=dtype or torch.get_default_dtype(), layout=layout)
 
@@ -333,6 +356,8 @@ for _name, _fn in [
     ("range", range_inclusive), ("range.step", range_inclusive),
     ("eye", eye), ("eye.m", eye), ("full", full), ("zeros", zeros), ("ones", ones),
     ("scalar_tensor", scalar_tensor), ("_efficientzerotensor", efficient_zero_tensor),
+    ("kaiser_window", kaiser_window), ("kaiser_window.periodic", kaiser_window),
+    ("kaiser_window.beta", kaiser_window),
     ("tril_indices", _tri_indices(aten.tril_indices.default, True)),
     ("triu_indices", _tri_indices(aten.triu_indices.default, False)),
     ("_local_scalar_dense", _local_scalar_dense),

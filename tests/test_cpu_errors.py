@@ -57,6 +57,10 @@ ERRORS = {
         0, _t(d, [0, 1, 2]), torch.ones(2, 2, device=d), "amax"),
     "as_strided past the storage": lambda d: torch.zeros(10, device=d).as_strided(
         (3,), (1,), 20),
+    "empty_strided negative stride": lambda d: torch.empty_strided((2, 3), (3, -1), device=d),
+    "new_empty_strided negative stride": lambda d: torch.zeros(3, device=d).new_empty_strided(
+        (2,), (-1,)),
+    "linspace bound past int8": lambda d: torch.linspace(0, 300, 4, dtype=torch.int8, device=d),
     "bucketize 2-D boundaries": lambda d: torch.bucketize(_t(d, [1., 2.]), _t(d, [[1., 2.]])),
     "one_hot too large": lambda d: torch.nn.functional.one_hot(_t(d, [0, 5]), 3),
     "one_hot negative": lambda d: torch.nn.functional.one_hot(_t(d, [-1]), 3),

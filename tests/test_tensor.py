@@ -97,6 +97,22 @@ def test_linspace_gives_the_cpus_bits_and_refuses_what_it_refuses(dtype):
                                                                    want[~want.isnan()]), args
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kaiser_window_is_made_on_the_device(dtype):
+    neuron_eager.clear_op_tracking()
+    for length, periodic, beta in [(0, True, 12.0), (1, False, 3.0), (7, True, 12.0),
+                                   (8, False, 5.0), (301, True, 0.5), (1000, False, 12.0)]:
+        got = torch.kaiser_window(length, periodic, beta, dtype=dtype, device="neuron")
+        assert got.device.type == "neuron"
+        torch.testing.assert_close(got.cpu(), torch.kaiser_window(length, periodic, beta,
+                                                                  dtype=dtype))
+    assert neuron_eager.get_fallback_ops() == {}
+    with pytest.raises(RuntimeError, match=r"expects floating point dtypes, got: "
+                       r"TensorOptions\(dtype=int, device=neuron, layout=Strided \(default\), "
+                       r"requires_grad=false \(default\), pinned_memory=false,"):
+        torch.kaiser_window(5, dtype=torch.int32, device="neuron")
+
+
 def test_repr_matches_pytorch_format():
     cases = [torch.tensor([1.5, -2.0]), torch.tensor([[1, 2], [3, 4]]),
              torch.tensor([0.25], dtype=torch.bfloat16), torch.tensor(3.0), torch.empty(0, 3),
