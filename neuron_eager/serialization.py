@@ -19,7 +19,7 @@ import torch._utils
 import torch.serialization
 
 from neuron_eager import device as _device
-from neuron_eager.ops import tensor as _tensor
+from neuron_eager.ops import saving
 
 # before the CPU's (10): our tagger must see the CPU copies of neuron memory first, and our
 # deserializer runs before torch's PrivateUse1 one (23) either way
@@ -50,18 +50,18 @@ def _deserialize(storage, location):
 
 def _tag(storage) -> str | None:
     """The location torch.save writes for a storage: "neuron:0" for the CPU copies of neuron
-    memory that the current save made (Note [Saving storages] in ops/tensor.py)."""
-    return "neuron:0" if _tensor.saved_here(storage) else None
+    memory that the current save made (Note [Saving storages] in ops/saving.py)."""
+    return "neuron:0" if saving.saved_here(storage) else None
 
 
 def _sharing_storages(save):
     @functools.wraps(save)
     def save_sharing_storages(*args, **kwargs):
-        _tensor.begin_save()
+        saving.begin_save()
         try:
             return save(*args, **kwargs)
         finally:
-            _tensor.end_save()
+            saving.end_save()
 
     save_sharing_storages.__wrapped_by_neuron__ = True
     return save_sharing_storages
@@ -93,7 +93,8 @@ _unfilled: list = []  # (CPU storage, its neuron bytes) moved before their data 
 
 
 def _bytes(storage) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+    return torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage, 0, (storage.nbytes(),),
+                                                                (1,))
 
 
 _loading = [0]  # torch.load calls under way (a map_location callable may call .neuron())

@@ -57,6 +57,28 @@ def make_wrapper(cls, shape, stride, offset, dtype, device, requires_grad=False)
         requires_grad=requires_grad)
 
 
+# Note [Host tensors under a default device]
+# torch.set_default_device("neuron") (or `with torch.device("neuron"):`) is a torch function
+# mode that sends every factory call without a device to neuron, our own host-side calls
+# too: the CPU tensors kernels, printing and torch.save make landed on the device. So the
+# device's Python runs with torch function off whenever a mode is on (a check costs ~40 ns):
+# user modes see the user's calls, never the simulator's.
+function_modes = torch._C._len_torch_function_stack
+no_torch_function = torch._C.DisableTorchFunction
+
+
+def host_side(fn):
+    """`fn` run with torch function modes off (Note [Host tensors under a default device])."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if function_modes():
+            with no_torch_function():
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return run
+
+
 def keep_dynamo_out(fn) -> None:
     """TorchDynamo runs `fn` and everything it calls without tracing it (Note [torch.compile]
     in ops/tensor.py). A per-code setting: no cost per call, unlike torch._dynamo.disable's

@@ -103,7 +103,7 @@ class Generator:
         words = [self._seed, self._offset]
         if self._rounding_noise:
             words += numerics.noise_state()
-        return torch.tensor(np.array(words, dtype=np.uint64).view(np.uint8))
+        return torch.from_numpy(np.array(words, dtype=np.uint64).view(np.uint8))
 
     def set_state(self, state: torch.Tensor) -> None:
         sizes = (16, 32) if self._rounding_noise else (16,)

@@ -19,7 +19,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import OutOfMemory, core
-from neuron_eager.ops import _compat, backward_errors, workers
+from neuron_eager.ops import _compat, backward_errors, saving, workers
 
 _compat.rename_backend()
 DEVICE = torch.device(_compat.BACKEND, 0)
@@ -259,6 +259,9 @@ class NeuronTensor(torch.Tensor):
         if cls is not NeuronTensor:  # (Note [Subclasses of neuron tensors])
             args, kwargs = tree_map(plain, (args, kwargs or {}))
         try:
+            if _function_modes():  # (Note [Host tensors under a default device] in _compat.py)
+                with _no_torch_function():
+                    return _dispatcher(func, args, kwargs or {})
             return _dispatcher(func, args, kwargs or {})
         except Exception as e:  # (Note [Errors on autograd's thread] in backward_errors.py)
             if backward_errors.in_backward():
@@ -321,7 +324,7 @@ class NeuronTensor(torch.Tensor):
         if getattr(self, "_is_param", False):
             return (torch._utils._rebuild_parameter_with_state,
                     (self.detach(), self.requires_grad, OrderedDict(), _user_state(self)))
-        saved = getattr(_saving, "storages", None)
+        saved = getattr(saving.state, "storages", None)
         if saved is None:
             return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                     (to_cpu(self.detach()), self.dtype, str(self.device), self.requires_grad))
@@ -330,7 +333,7 @@ class NeuronTensor(torch.Tensor):
         if entry is None:  # the whole memory once, however many tensors view it
             copy = _storage_to_host(memory)
             entry = saved[id(memory)] = (copy, memory)  # (memory kept: its id stays unique)
-            _saving.tagged.add(copy._cdata)
+            saving.state.tagged.add(copy._cdata)
         typed = torch.storage.TypedStorage(wrap_storage=entry[0], dtype=self.dtype,
                                            _internal=True)
         return (torch._utils._rebuild_tensor_v2, (typed, self.storage_offset(),
@@ -439,6 +442,9 @@ _compat.keep_dynamo_out(NeuronTensor.__torch_dispatch__.__func__)
 # divmod(): 'Tensor' and 'int'", "Expected value argument (Tensor of shape (3,))"): the CPU's
 # and CUDA's words. type(t) still prints neuron_eager.ops.tensor.NeuronTensor (its qualname).
 NeuronTensor.__name__ = "Tensor"
+for _name in ("__repr__", "__format__", "__reduce_ex__", "__deepcopy__", "tolist", "numpy"):
+    setattr(NeuronTensor, _name, _compat.host_side(vars(NeuronTensor)[_name]))
+_function_modes, _no_torch_function = _compat.function_modes, _compat.no_torch_function
 _TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
 _UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
 _STORAGE_NBYTES = torch._C.StorageBase.nbytes  # (the C++ size: len(), indexing, printing)
@@ -462,15 +468,6 @@ def _dispatch_not_ready(func, args, kwargs):
 
 _dispatcher = _dispatch_not_ready
 
-# Note [Saving storages]
-# CUDA's torch.save writes each storage once, tagged "cuda:0", with its tensors as views
-# into it, so tensors that share memory (tied weights, a parameter and its view) load
-# sharing it again. Inside torch.save (neuron_eager.serialization wraps it), a neuron
-# tensor pickles the same way: a CPU copy of its whole memory, made once per save and
-# tagged "neuron:0", and its own offset, size and stride; torch.load then moves each
-# storage to neuron once (Note [Loading onto neuron]). Outside torch.save (pickle,
-# multiprocessing) each tensor still travels as its own CPU copy.
-_saving = threading.local()
 
 
 # Note [Subclasses of neuron tensors]
@@ -526,25 +523,6 @@ def plain(x):
     stride = x.stride()
     return make_lazy(x._storage, x.shape, stride, x.storage_offset(), x.dtype,
                      c_contiguous(x.shape, stride))
-
-
-def begin_save() -> None:
-    """Start a torch.save: storages copied from here on are shared (nested saves too)."""
-    if getattr(_saving, "depth", 0) == 0:
-        _saving.storages, _saving.tagged = {}, set()
-    _saving.depth = getattr(_saving, "depth", 0) + 1
-
-
-def end_save() -> None:
-    _saving.depth -= 1
-    if _saving.depth == 0:
-        _saving.storages = _saving.tagged = None
-
-
-def saved_here(storage) -> bool:
-    """Whether `storage` (a CPU storage) is a neuron memory copied by the current save."""
-    tagged = getattr(_saving, "tagged", None)
-    return tagged is not None and storage._cdata in tagged
 
 
 # Note [Foreach versions]

@@ -205,3 +205,12 @@ def test_a_compiled_step_with_backward_warns_nothing_of_ours():
     run = subprocess.run([sys.executable, "-c", _COMPILED_BACKWARD], capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip().endswith("[]"), run.stdout + run.stderr
+
+
+def test_torch_function_modes_are_counted_and_turned_off_as_host_side_expects():
+    # (Note [Host tensors under a default device]: set_default_device is a function mode)
+    assert _compat.function_modes() == 0
+    with torch.device("meta"):
+        assert _compat.function_modes() == 1
+        assert _compat.host_side(lambda: torch.empty(1).device)() == torch.device("cpu")
+        assert torch.empty(1).device == torch.device("meta")

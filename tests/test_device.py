@@ -1,5 +1,6 @@
 """Registration: the device name, torch.neuron, torch.accelerator, generated methods."""
 import gc
+import io
 import os
 import subprocess
 import sys
@@ -172,3 +173,50 @@ def test_a_bad_environment_setting_is_refused_at_import_naming_it(variable, valu
     run = subprocess.run([sys.executable, "-c", "import neuron_eager"], capture_output=True,
                          text=True, env=dict(os.environ, **{variable: value}), timeout=300)
     assert run.returncode != 0 and words in run.stderr, run.stderr[-1500:]
+
+
+def _program_under_a_default_device():
+    """What a script does after torch.set_default_device(...): factories without a device,
+    printing, host reads, ops whose kernels make host tensors, torch.save and load."""
+    x = torch.linspace(-2, 2, 12).reshape(3, 4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.GELU(), torch.nn.Linear(5, 2))
+    with torch.no_grad():  # (the device's generator is not the CPU's)
+        for p in model.parameters():
+            p.copy_(torch.linspace(-0.5, 0.5, p.numel()).reshape(p.shape))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    for _ in range(2):
+        loss = torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1, 1]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    y = model(x)
+    return {"repr": repr(y.detach()).replace(", device='neuron:0'", ""), "list": y.tolist(),
+            "item": loss.item(), "sorted": torch.sort(y.flatten()).values.tolist(),
+            "unique": torch.tensor([3, 1, 3]).unique().tolist(),
+            "nonzero": (y > 0).nonzero().tolist(), "numpy": y.detach().numpy(force=True),
+            "loaded": loaded["model"]["0.weight"].tolist(),
+            "moment": loaded["opt"]["state"][0]["exp_avg"].tolist(),
+            "rng_state_device": torch.get_rng_state().device.type}
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["plain", "adaptive"])
+def test_a_default_device_of_neuron_keeps_host_tensors_on_the_host(adaptive):
+    # Note [Host tensors under a default device]: printing, .tolist(), sort and torch.save
+    # made their CPU tensors on the default device and failed
+    with torch.device("cpu"):
+        want = _program_under_a_default_device()
+    with torch.device("neuron"), neuron_eager.adaptive_eager(adaptive):
+        got = _program_under_a_default_device()
+        assert torch.neuron.get_rng_state().device.type == "cpu"  # (as torch.cuda's)
+    assert got.keys() == want.keys()
+    for key in want:
+        if key in ("repr", "rng_state_device"):
+            assert got[key] == want[key] if key == "rng_state_device" else \
+                got[key].startswith("tensor([[")
+        else:
+            torch.testing.assert_close(torch.as_tensor(got[key]), torch.as_tensor(want[key]),
+                                       rtol=1e-4, atol=1e-5)
