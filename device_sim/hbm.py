@@ -130,6 +130,9 @@ class CachingAllocator:
         # per pool: reserved bytes, segments, and the peaks of both
         self._segments = [[0, 0, 0, 0], [0, 0, 0, 0]]
         self._segments_cum = [[0, 0], [0, 0]]  # per pool: bytes reserved ever, segments ever
+        # what was live at the last reset_accumulated_stats (as _live's and _segments_cum's
+        # layouts): "allocated" counts from there, "freed" is cumulative - current
+        self._live_base, self._segments_base = [0] * (2 * _FIELDS), [[0, 0], [0, 0]]
         self._reserved_peak_all = 0
         self._segment_peak_all = 0
         self._counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 0,
@@ -210,7 +213,8 @@ class CachingAllocator:
             rows = {}
             for pool, i in (("large_pool", 0), ("small_pool", _FIELDS)):
                 current, cumulative, peak = v[i + 3 * k], v[i + 3 * k + 1], v[i + 3 * k + 2]
-                rows[pool] = (current, peak, cumulative, cumulative - current)
+                rows[pool] = (current, peak, cumulative - self._live_base[i + 3 * k + 1],
+                              cumulative - current)
             large, small = rows["large_pool"], rows["small_pool"]
             rows["all"] = (large[0] + small[0], self._live_peak_all[k], large[2] + small[2],
                            large[3] + small[3])
@@ -224,7 +228,8 @@ class CachingAllocator:
             rows = {}
             for pool, p in (("large_pool", 0), ("small_pool", 1)):
                 current, cumulative = self._segments[p][k], self._segments_cum[p][k]
-                rows[pool] = [current, self._segments[p][2 + k], cumulative, cumulative - current]
+                rows[pool] = [current, self._segments[p][2 + k],
+                              cumulative - self._segments_base[p][k], cumulative - current]
             large, small = rows["large_pool"], rows["small_pool"]
             rows["all"] = [large[0] + small[0],
                            self._reserved_peak_all if k == 0 else self._segment_peak_all,
@@ -251,9 +256,11 @@ class CachingAllocator:
         v = self._live
         for i in (0, _FIELDS):
             for k in range(3):
-                v[i + 3 * k + 1] = v[i + 3 * k]  # cumulative := current, so freed reads 0
+                # as CUDA's: allocated and freed read 0 (the live memory stays current)
+                v[i + 3 * k + 1] = self._live_base[i + 3 * k + 1] = v[i + 3 * k]
         for p in (0, 1):
             self._segments_cum[p] = [self._segments[p][0], self._segments[p][1]]
+            self._segments_base[p] = list(self._segments_cum[p])
         for k in self._counters:
             self._counters[k] = 0
 

@@ -55,6 +55,25 @@ def test_peak_and_reset():
     assert hbm.stats()["allocated_bytes.all.allocated"] == 0
 
 
+def test_accumulated_counts_restart_from_zero_with_live_memory_kept():
+    # as CUDA's resetAccumulatedStats: allocated and freed restart at 0, current stays
+    hbm = CachingAllocator(64 << 20)
+    kept, big = hbm.malloc(10_000), hbm.malloc(2 << 20)
+    hbm.reset_accumulated_stats()
+    stats = hbm.stats()
+    for name in ("allocated_bytes", "allocation", "reserved_bytes", "segment"):
+        assert stats[f"{name}.all.allocated"] == stats[f"{name}.all.freed"] == 0, name
+    assert stats["allocated_bytes.all.current"] == kept.size + big.size
+    extra = hbm.malloc(10_000)
+    hbm.free(extra)
+    hbm.free(big)
+    stats = hbm.stats()
+    assert stats["allocated_bytes.all.allocated"] == extra.size
+    assert stats["allocated_bytes.all.freed"] == extra.size + big.size
+    assert stats["allocation.all.allocated"] == 1 and stats["allocation.all.freed"] == 2
+    assert stats["allocated_bytes.all.current"] == kept.size
+
+
 def test_out_of_memory_releases_cache_first_then_raises_and_stays_consistent():
     hbm = CachingAllocator(1 << 20)
     a = hbm.malloc(600_000)
