@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 
@@ -37,12 +38,27 @@ def _check_device(device) -> torch.device:
     return _DEVICE
 
 
+_by_id: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # stream_id -> Stream
+
+
+def _ours(stream):
+    """A torch.neuron.Stream, also for torch's generic torch.Stream naming a neuron stream
+    (nn.DataParallel makes one: torch.Stream(device_index) is the default stream, id 0)."""
+    if isinstance(stream, torch.Stream) and stream.device.type == "neuron":
+        found = _by_id.get(stream.stream_id)
+        if found is None:
+            raise ValueError(f"{stream} is not a stream of this process")
+        return found
+    return stream
+
+
 class Stream:
     """A queue of kernels on the simulated NeuronCore (torch.cuda.Stream's interface)."""
 
     def __init__(self, device=None, priority: int = 0, *, _sim: SimStream | None = None):
         self.device = _check_device(device)
         self._sim = _sim if _sim is not None else _clock.new_stream(priority)
+        _by_id[self._sim.id] = self
 
     @property
     def stream_id(self) -> int:
@@ -61,7 +77,7 @@ class Stream:
     def wait_stream(self, stream: Stream) -> None:
         """Later work on this stream starts after all work queued on `stream` so far."""
         _adaptive.flush("stream wait")
-        _clock.wait_for(self._sim, _clock.record_time(stream._sim))
+        _clock.wait_for(self._sim, _clock.record_time(_ours(stream)._sim))
 
     def record_event(self, event: Event | None = None) -> Event:
         event = Event() if event is None else event
@@ -107,11 +123,11 @@ class Event:
 
     def record(self, stream: Stream | None = None) -> None:
         _adaptive.flush("event")
-        stream = current_stream() if stream is None else stream
+        stream = current_stream() if stream is None else _ours(stream)
         self._time_ps = _clock.record_time(stream._sim)
 
     def wait(self, stream: Stream | None = None) -> None:
-        (current_stream() if stream is None else stream).wait_event(self)
+        (current_stream() if stream is None else _ours(stream)).wait_event(self)
 
     def query(self) -> bool:
         return True
@@ -152,6 +168,7 @@ def set_stream(stream: Stream) -> None:
     global _current
     if stream is None:
         return
+    stream = _ours(stream)
     if stream is not _current:
         _adaptive.flush("stream change")  # recorded work belongs to the stream it came on
     _current = stream

@@ -313,6 +313,46 @@ def install_pinned_memory_shim() -> None:
     _pin_lib.impl("is_pinned", lambda self, device=None: False, "CPU")
 
 
+# Note [DataParallel on one NeuronCore]
+# nn.DataParallel looks for an available device through torch._utils, which asks the
+# PrivateUse1 backend, so once neuron_eager is imported it moves the module to neuron:0 (as
+# on a machine with one GPU) and moves inputs with torch.nn.parallel.comm's scatter and
+# gather. Those call torch._C._scatter/_gather, which a CPU build of torch lacks: every
+# DataParallel model failed, CPU ones too. Without CUDA, comm's two functions split or
+# concatenate and move with .to() instead, what CUDA's do for the devices they are given.
+def install_data_parallel_shim() -> None:
+    from torch.nn.parallel import comm
+
+    if hasattr(torch._C, "_scatter") or getattr(comm.scatter, "__wrapped__", None):
+        return
+    scatter, gather = comm.scatter, comm.gather
+    device_index = torch._utils._get_device_index
+
+    @functools.wraps(scatter)
+    def scatter_by_moving(tensor, devices=None, chunk_sizes=None, dim=0, streams=None, *,
+                          out=None):
+        if out is not None or devices is None:
+            return scatter(tensor, devices, chunk_sizes, dim, streams, out=out)
+        devices = [device_index(d, True) for d in devices]
+        parts = tensor.split(list(chunk_sizes), dim) if chunk_sizes is not None else \
+            tensor.chunk(len(devices), dim)
+        return tuple(part.to(torch.device(BACKEND, d)) for part, d in zip(parts, devices))
+
+    @functools.wraps(gather)
+    def gather_by_moving(tensors, dim=0, destination=None, *, out=None):
+        if out is not None:
+            return gather(tensors, dim, destination, out=out)
+        if destination == -1 or destination == "cpu" or getattr(destination, "type", "") == \
+                "cpu":
+            destination = torch.device("cpu")
+        else:
+            index = device_index(destination, True, optional=True)
+            destination = torch.device(BACKEND, 0 if index is None else index)
+        return torch.cat([t.to(destination) for t in tensors], dim)
+
+    comm.scatter, comm.gather = scatter_by_moving, gather_by_moving
+
+
 # Note [Parameters keep their identity]
 # On CPU and CUDA, Module.to / .half() keep each Parameter object and give it the converted
 # data (`param.data = ...`), so an optimizer made before `model.to(device)` still holds the

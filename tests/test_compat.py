@@ -1,4 +1,5 @@
 """Each touch of torch internals (ops/_compat.py), checked so a torch upgrade fails loudly."""
+import copy
 import subprocess
 import sys
 
@@ -89,6 +90,32 @@ def test_pinned_memory_and_dataloader_pinning():
     with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
         on_device.pin_memory()
     assert not on_device.is_pinned()
+
+
+@pytest.mark.parametrize("inputs_on", ["cpu", "neuron"])
+def test_data_parallel_trains_on_one_neuroncore_as_on_one_gpu(inputs_on):
+    # (Note [DataParallel on one NeuronCore]: torch._C._scatter is missing from a CPU build)
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x, y = torch.randn(6, 4), torch.randint(0, 2, (6,))
+
+    def train(model, x, y):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return [loss.detach().cpu()] + [p.detach().cpu() for p in model.parameters()]
+
+    want = train(copy.deepcopy(base), x, y)
+    parallel = torch.nn.DataParallel(copy.deepcopy(base))  # moved to neuron:0, as to cuda:0
+    assert {p.device.type for p in parallel.parameters()} == {"neuron"}
+    got = train(parallel, x.to(inputs_on), y.to("neuron"))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    gathered = torch.nn.parallel.comm.gather([torch.ones(2, device="neuron")] * 2, 0, "cpu")
+    assert torch.equal(gathered, torch.ones(4))
 
 
 def test_wrapper_rebuild_function_is_allowed_by_weights_only_load():
