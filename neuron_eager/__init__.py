@@ -14,6 +14,7 @@ import torch
 from neuron_eager.device_sim import config
 from neuron_eager.ops import _compat, backward_errors, jit, router
 from neuron_eager.ops.tensor import NO_DLPACK, NOT_SHARED, NeuronOutOfMemoryError, NeuronTensor
+from neuron_eager.ops.tensor import user_state
 
 import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
 import neuron_eager.autocast  # noqa: E402,F401  (autocast kernels on AutocastPrivateUse1)
@@ -30,6 +31,8 @@ _compat.ensure_fx_tracing(NeuronTensor)
 _compat.install_accelerator_functions(_device.ACCELERATOR_FUNCTIONS)
 _compat.install_pinned_memory_shim()
 _compat.install_data_parallel_shim()  # (Note [DataParallel on one NeuronCore])
+_compat.install_cross_device_data_setter(  # (Note [Setting .data across devices])
+    lambda t, new: isinstance(new, NeuronTensor) and not isinstance(t, NeuronTensor), user_state)
 _compat.refuse_process_sharing(NeuronTensor, NOT_SHARED)
 _compat.refuse_dlpack_export(NeuronTensor, NO_DLPACK)
 _compat.install_tied_parameters_shim()

@@ -353,6 +353,50 @@ def install_data_parallel_shim() -> None:
     comm.scatter, comm.gather = scatter_by_moving, gather_by_moving
 
 
+# Note [Setting .data across devices]
+# On CUDA `t.data = t.data.to(device)` moves a tensor in place (the snippets that move an
+# optimizer's state after loading a checkpoint rely on it): set_data accepts another device.
+# Between a CPU tensor and a Python device's wrapper tensor torch refuses ("incompatible
+# tensor type"), so such a move swaps the tensor's contents with a replacement instead
+# (torch.utils.swap_tensors, as Module.to does): the object keeps its identity, requires_grad,
+# Parameter kind and user attributes, and a .grad moves along to stay usable.
+def install_cross_device_data_setter(crosses, user_state) -> None:
+    """`torch.Tensor.data = new` swaps where `crosses(t, new)` (a neuron tensor on one side
+    only); `user_state(t)` is the attributes of t that are the user's."""
+    base = torch._C.TensorBase.data
+    if getattr(torch.Tensor.__dict__.get("data"), "fset", None) is not None:
+        return
+
+    def set_data(t, new):
+        if crosses(t, new):
+            move_data(t, new, user_state)
+        else:
+            base.__set__(t, new)
+
+    torch.Tensor.data = property(base.__get__, set_data, doc=base.__doc__)
+
+
+def move_data(t, new, user_state) -> None:
+    """`t.data = new` for a `new` on another kind of device (Note [Setting .data across
+    devices])."""
+    replacement = new.detach()
+    if isinstance(t, torch.nn.Parameter) or getattr(t, "_is_param", False):
+        replacement = torch.nn.Parameter(replacement, requires_grad=t.requires_grad)
+    elif t.requires_grad and t.is_leaf:
+        replacement.requires_grad_()
+    grad = t.grad if t.is_leaf else None
+    if grad is not None:
+        replacement.grad = grad.detach().to(new.device, new.dtype) \
+            if grad.shape == new.shape else None
+    replacement.__dict__.update(user_state(t))
+    try:
+        torch.utils.swap_tensors(t, replacement)
+    except RuntimeError as e:
+        raise RuntimeError(f"cannot set .data of a {t.device} tensor to a {new.device} "
+                           f"tensor: {e} (make the tensor on {new.device} instead, or move "
+                           f"the module with .to())") from None
+
+
 # Note [Parameters keep their identity]
 # On CPU and CUDA, Module.to / .half() keep each Parameter object and give it the converted
 # data (`param.data = ...`), so an optimizer made before `model.to(device)` still holds the

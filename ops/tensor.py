@@ -312,7 +312,7 @@ class NeuronTensor(torch.Tensor):
         user = getattr(type(self), "_user_class", None)
         if user is not None:  # (Note [Subclasses of neuron tensors]) as the CPU saves them
             func, args = self._reduce_plain()
-            return torch._tensor._rebuild_from_type_v2, (func, user, args, _user_state(self))
+            return torch._tensor._rebuild_from_type_v2, (func, user, args, user_state(self))
         return self._reduce_plain()
 
     def _reduce_plain(self):
@@ -323,7 +323,7 @@ class NeuronTensor(torch.Tensor):
         # saved: _rebuild_from_type_v2 would make it a plain torch.Tensor).
         if getattr(self, "_is_param", False):
             return (torch._utils._rebuild_parameter_with_state,
-                    (self.detach(), self.requires_grad, OrderedDict(), _user_state(self)))
+                    (self.detach(), self.requires_grad, OrderedDict(), user_state(self)))
         saved = getattr(saving.state, "storages", None)
         if saved is None:
             return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
@@ -350,10 +350,7 @@ class NeuronTensor(torch.Tensor):
         # the memory behind it lives in our attributes, so they follow.
         storage = new._storage if type(new) is NeuronTensor else None  # computed first
         if storage is None and isinstance(new, torch.Tensor) and new.device.type != DEVICE.type:
-            # (CUDA moves the tensor to new's device; a neuron tensor object stays on neuron)
-            raise RuntimeError(f"cannot set .data of a neuron tensor to a tensor on "
-                               f"{new.device}: move it first, `t.data = new.to('neuron')`, or "
-                               f"move the module with .to()")
+            return _compat.move_data(self, new, user_state)  # as CUDA's, to another device
         _TENSOR_DATA.__set__(self, new)
         if storage is not None:
             self.__dict__.pop("_node", None)
@@ -412,7 +409,7 @@ class NeuronTensor(torch.Tensor):
             copy.requires_grad_(self.requires_grad)
             if self.grad is not None:
                 copy.grad = self.grad.__deepcopy__(memo)
-            copy.__dict__.update(_copy.deepcopy(_user_state(self), memo))
+            copy.__dict__.update(_copy.deepcopy(user_state(self), memo))
         memo[id(self)] = copy
         return copy
 
@@ -558,7 +555,7 @@ DEVICE_ATTRS = _DATA_ATTRS | {"_is_param"}  # what a tensor's __dict__ holds for
 _pending_hook = None
 
 
-def _user_state(t) -> dict:
+def user_state(t) -> dict:
     """The attributes of t's __dict__ that are the user's, not the device's."""
     return {k: v for k, v in t.__dict__.items() if k not in DEVICE_ATTRS and k != "_node"}
 
