@@ -106,6 +106,7 @@ ALIGN = 64
 # allocated bytes, requested bytes, allocations; each as (current, cumulative, peak).
 _LIVE = ("allocated_bytes", "requested_bytes", "allocation")
 _FIELDS = 9
+_STAT_FIELDS = ("current", "peak", "allocated", "freed")
 
 
 class CachingAllocator:
@@ -237,7 +238,13 @@ class CachingAllocator:
             for pool, row in rows.items():
                 for field, value in zip(("current", "peak", "allocated", "freed"), row):
                     out[f"{metric}.{pool}.{field}"] = value
-        out.update(self._counters)
+        # CUDA's keys that stay zero here: no block is ever split or oversize
+        for name in ("inactive_split", "inactive_split_bytes"):
+            for pool in ("all", "large_pool", "small_pool"):
+                out.update({f"{name}.{pool}.{field}": 0 for field in _STAT_FIELDS})
+        for name in ("oversize_allocations", "oversize_segments"):
+            out.update({f"{name}.{field}": 0 for field in _STAT_FIELDS})
+        out.update(self._counters, num_sync_all_streams=0, max_split_size=-1)  # (-1: no limit)
         return dict(sorted(out.items()))
 
     def reset_peak_stats(self) -> None:

@@ -88,12 +88,14 @@ def _index(device) -> int:
 
 
 def set_device(device) -> None:
-    _index(device)
+    if not (isinstance(device, int) and device < 0):  # (CUDA ignores a negative index)
+        _index(device)
 
 
 @contextlib.contextmanager
 def device(device):
-    _index(device)
+    if not (isinstance(device, int) and device < 0):
+        _index(device)
     yield
 
 

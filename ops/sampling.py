@@ -558,6 +558,8 @@ def randperm_out(n, *, out):
 
 
 def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    if device is not None:
+        T.check_device_index(torch.device(device))
     check_generator(generator)
     return randperm_into(T.empty(T.requested_shape((n,)), dtype or torch.int64), n)
 

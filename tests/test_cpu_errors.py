@@ -515,10 +515,17 @@ def test_to_meta_and_memory_formats_as_on_cpu():
     lambda: torch.ones(2, device="neuron:1"), lambda: torch.ones(2).to("neuron:1"),
     lambda: torch.ones(2, device="neuron").to("neuron:2"),
     lambda: torch.zeros_like(torch.ones(2, device="neuron"), device="neuron:1"),
-    lambda: torch.arange(3, device="neuron:1")])
+    lambda: torch.arange(3, device="neuron:1"), lambda: torch.randperm(3, device="neuron:1"),
+    lambda: torch.neuron.set_device(1)])
 def test_other_device_ordinals_are_refused(make):
     with pytest.raises(RuntimeError, match="neuron:[12] does not exist"):
         make()
+
+
+def test_a_negative_device_index_is_ignored_as_on_cuda():
+    torch.neuron.set_device(-1)  # (torch.cuda: "if device >= 0")
+    with torch.neuron.device(-1):
+        assert torch.neuron.current_device() == 0
 
 
 def test_record_stream_and_storage_numel_queries():

@@ -133,3 +133,14 @@ def test_hbm_size_from_environment():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(2**20), "OOM", "True"]
+
+
+def test_memory_stats_has_every_key_cuda_scripts_read():
+    stats = torch.neuron.memory_stats()
+    for key in ("inactive_split.all.current", "inactive_split_bytes.large_pool.peak",
+                "oversize_allocations.current", "oversize_segments.freed",
+                "num_sync_all_streams", "num_device_alloc", "num_device_free",
+                "max_split_size", "requested_bytes.all.current", "num_alloc_retries",
+                "num_ooms", "active_bytes.all.peak", "reserved_bytes.small_pool.allocated"):
+        assert key in stats, key
+    assert stats["max_split_size"] == -1 and stats["inactive_split_bytes.all.current"] == 0
