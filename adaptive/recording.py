@@ -69,8 +69,10 @@ def _record(plan, args, kwargs):
     if planned is None:
         return None
     op, operands, params = planned[0], planned[1], planned[2]
-    if type(op) is E.Elementwise:
-        operands = E.scalar_tensors_cast(op, operands)  # (as plain eager's run)
+    if type(op) is E.Elementwise and (len(planned) == 3 or planned.runner is None):
+        # (as plain eager's run; a plan's own kernel casts what it casts: where and
+        # masked_fill read a 0-dim bool condition as it is)
+        operands = E.scalar_tensors_cast(op, operands)
     region = _region
     refs, raw, sig = _refs(region, operands)
     if refs is None:

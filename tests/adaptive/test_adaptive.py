@@ -107,6 +107,27 @@ def test_broadcasts_views_and_zero_dim_operands():
     both_modes(lambda: F.relu(t * 2 + s).exp())
 
 
+def test_zero_dim_conditions_and_masks_stay_bool():
+    # a 0-dim bool mask was cast to the result's float type like a 0-dim operand of add
+    x = rand(3, 4, dtype=torch.bfloat16)
+    one = torch.tensor(1.0001).to(N)  # (fp32: a 0-dim operand beside bf16 ones)
+
+    def program(x, one):
+        positive = x.float().sum() > 0
+        return (x.masked_fill(positive, 0.5) * 2, torch.where(positive, x * 2, one),
+                torch.where(x.sum() < 0, one, x + 1), x.masked_fill(torch.tensor(True).to(N), 3))
+
+    both_modes(program, x, one, times=4)
+    w = torch.tensor([[1.0, -2.0], [0.5, 3.0]], device=N)
+
+    def norm_double_backward(w):  # (MaskedFillBackward0 masks with `norm == 0`)
+        w = w.clone().requires_grad_()
+        g, = torch.autograd.grad(w.norm(), w, create_graph=True)
+        return torch.autograd.grad(g.sum(), w)[0]
+
+    both_modes(norm_double_backward, w, times=4)
+
+
 def test_small_shape_inside_bigger_group():
     x, y = rand(4, 1), rand(1, 5, seed=1)
     a = x * 2  # shape (4, 1), read by a (4, 5) op of the same region
