@@ -159,6 +159,25 @@ def install_backward_errors(errors) -> None:
              [errors.guarded_module_hook(h, True) for h in user_pre_hooks])
 
     hooks.__init__ = __init__
+    apply_on_tensors = hooks._apply_on_tensors
+
+    def _apply_on_tensors(self, fn, args):  # (its own node hooks: a warning made an error by
+        return apply_on_tensors(self, lambda node: fn(_GuardedNode(node, errors)), args)
+    # the filters, one of its checks failing, raised in them too)
+    hooks._apply_on_tensors = _apply_on_tensors
+
+    # a module's legacy backward hooks, registered on the grad_fn of its output
+    module = torch.nn.Module
+    register_backward_hook = module.register_backward_hook
+
+    def register_legacy_hook(self, hook):
+        return register_backward_hook(self, errors.guarded_node_hook(hook, True))
+
+    module.register_backward_hook = functools.wraps(register_backward_hook)(
+        register_legacy_hook)
+    global_hook = torch.nn.modules.module.register_module_backward_hook
+    torch.nn.modules.module.register_module_backward_hook = functools.wraps(global_hook)(
+        lambda hook: global_hook(errors.guarded_node_hook(hook, True)))
 
     # saved tensors' unpack hooks (torch.utils.checkpoint's recomputation runs in one)
     saved = graph.saved_tensors_hooks
@@ -179,6 +198,20 @@ def install_backward_errors(errors) -> None:
         return result
 
     node.apply = apply
+
+
+class _GuardedNode:
+    """An autograd node whose register_hook guards the hook (Note [Hook errors in backward]);
+    torch's node types cannot be patched."""
+
+    def __init__(self, node, errors):
+        self._node, self._errors = node, errors
+
+    def register_hook(self, hook):
+        return self._node.register_hook(self._errors.guarded_node_hook(hook))
+
+    def __getattr__(self, name):
+        return getattr(self._node, name)
 
 
 def install_compile_shim() -> None:

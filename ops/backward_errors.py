@@ -84,16 +84,26 @@ def claim(error: BaseException) -> BaseException | None:
 # forward in one, and a neuron op failing there raises in it) must return a tensor, so it
 # returns a stand-in instead: torch refuses it with a TypeError of its own, which stops
 # backward at once, and the wrapper raises the kept exception in its place.
+# torch's checks of what a hook returned (a tuple where a tensor goes) raise the same way, so
+# the guards make them first, in torch's words. Guarded too: the node hooks BackwardHook
+# registers for full module hooks (a warning there, made an error by the filters, aborted)
+# and legacy `register_backward_hook` hooks. A hook a user puts on a grad_fn directly is
+# not: torch's node types cannot be patched.
 _from_hooks: dict[int, BaseException] = {}
 
 
-def guarded_hook(hook):
-    """`hook` for a neuron tensor (Note [Hook errors in backward])."""
+def guarded_hook(hook, check=None):
+    """`hook` for a neuron tensor (Note [Hook errors in backward]); `check(out, args)` raises
+    what torch raises after the hook for a result it refuses (that check, outside the hook,
+    aborted the process too): by default a tensor hook's, a gradient or None."""
 
     @functools.wraps(hook)
     def run(*args, **kwargs):
         try:
-            return hook(*args, **kwargs)
+            out = hook(*args, **kwargs)
+            if out is not None:
+                (check or _one_gradient)(out, args)
+            return out
         except Exception as e:
             if not (in_backward() and _on_neuron(args)):
                 raise
@@ -103,20 +113,44 @@ def guarded_hook(hook):
     return run
 
 
+def _one_gradient(out, args=None) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"expected Variable, but hook returned '{type(out).__name__}'")
+
+
+def _gradients(out, grads, count_error: str, sequence=tuple) -> None:
+    """torch's check of the gradients a hook returned for `grads`, in its words
+    (`count_error` takes the counts as {got} and {expected}; a module's full hook may return
+    any sequence, `sequence=object`)."""
+    if not isinstance(out, sequence):
+        raise TypeError(f"expected tuple, but hook returned '{type(out).__name__}'")
+    if len(out) != len(grads):
+        raise RuntimeError(count_error.format(got=len(out), expected=len(grads)))
+    for new, old in zip(out, grads):
+        if new is not None:
+            if old is None:
+                raise RuntimeError("can't replace a None gradient with a non-None value")
+            _one_gradient(new)
+
+
 def guarded_module_hook(hook, pre: bool):
-    """A module's full backward (pre) hook for BackwardHook, guarded as `guarded_hook`, that
-    also checks the number of gradients it returns as BackwardHook does after it, in torch's
-    words: that check raising outside the hook aborted the process too."""
+    """A module's full backward (pre) hook for BackwardHook, guarded as `guarded_hook`, with
+    the checks of what it returns that BackwardHook and the engine make after it."""
+    words = "Backward pre hook returned an invalid number of grad_output" if pre else \
+        "Backward hook returned an invalid number of grad_input"
+    return guarded_hook(hook, lambda out, args: _gradients(
+        out, args[1], words + ", got {got}, but expected {expected}", object))
 
-    def checked(module, grads, *rest):
-        out = hook(module, grads, *rest)
-        if out is not None and len(out) != len(grads):
-            kind = "pre hook returned an invalid number of grad_output" if pre else \
-                "hook returned an invalid number of grad_input"
-            raise RuntimeError(f"Backward {kind}, got {len(out)}, but expected {len(grads)}")
-        return out
 
-    return guarded_hook(functools.wraps(hook)(checked))
+def guarded_node_hook(hook, legacy_module_hook: bool = False):
+    """A hook on an autograd node (grad_fn.register_hook: the hooks BackwardHook registers, a
+    module's legacy register_backward_hook) guarded as `guarded_hook`; what it returns must
+    be a tuple of gradients for the node's grad_inputs."""
+    at = 1 if legacy_module_hook else 0  # (a legacy hook's first argument is its module)
+    name = getattr(hook, "__name__", hook)
+    return guarded_hook(hook, lambda out, args: _gradients(
+        out, args[at], f"hook '{name}' has returned an incorrect number of values (got "
+                       "{got}, but expected {expected})"))
 
 
 def guarded_unpack(hook):

@@ -77,6 +77,57 @@ def test_module_hooks_returning_too_many_gradients(device):
             m(torch.randn(4, 3, device=device, requires_grad=True)).sum().backward()
 
 
+def _outcome_of_backward(device, program):
+    try:
+        program(device)
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e)
+    return None
+
+
+def _legacy_hook_raises(device):
+    m = torch.nn.Linear(3, 3).to(device)
+    m.register_backward_hook(lambda *a: (_ for _ in ()).throw(ValueError("legacy")))
+    m(torch.randn(2, 3, device=device, requires_grad=True)).sum().backward()
+
+
+def _hook_returns(register, value):
+    def program(device):
+        x = torch.randn(3, device=device, requires_grad=True)
+        if register in ("register_hook", "register_post_accumulate_grad_hook"):
+            getattr(x, register)(lambda *a: value)
+            (x * 2).sum().backward()
+        else:
+            m = torch.nn.Linear(3, 3).to(device)
+            getattr(m, register)(lambda *a: value)
+            m(x).sum().backward()
+    return program
+
+
+def _warning_as_error_in_a_module_hook(device):
+    # (a full backward hook on a module whose input needs no gradient makes torch warn there)
+    import warnings
+
+    m = torch.nn.Linear(3, 3).to(device)
+    m.register_full_backward_hook(lambda *a: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m(torch.randn(2, 3, device=device)).sum().backward()
+
+
+@pytest.mark.parametrize("program", [
+    _legacy_hook_raises, _hook_returns("register_hook", (1,)),
+    _hook_returns("register_post_accumulate_grad_hook", 1),
+    _hook_returns("register_full_backward_pre_hook", (7,)),
+    _hook_returns("register_full_backward_hook", ("a",)),
+    _warning_as_error_in_a_module_hook], ids=lambda f: getattr(f, "__name__", "returns"))
+def test_hook_errors_and_refused_results_raise_as_on_cpu(program):
+    # each aborted the process on neuron (Note [Hook errors in backward])
+    want = _outcome_of_backward("cpu", program)
+    assert want is not None
+    assert _outcome_of_backward(NEURON, program) == want
+
+
 def test_hooks_that_do_not_raise_still_change_gradients():
     x = torch.randn(5, device=NEURON, requires_grad=True)
     x.register_hook(lambda g: g * 3)
