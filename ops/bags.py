@@ -158,6 +158,8 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
                    per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     if sparse:
         refuse_sparse_gradient(weight, "EmbeddingBag")
+    if indices.is_floating_point() or offsets.is_floating_point():  # (the CPU's dtype check)
+        T.cpu_refusal(aten._embedding_bag.default, weight, indices, offsets)
     return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
                                include_last_offset, padding_idx)
 

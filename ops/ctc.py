@@ -184,6 +184,9 @@ def _ctc_ok(log_probs, targets, input_lengths, target_lengths, blank):
 
 def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
     args = (log_probs, targets, input_lengths, target_lengths, blank, zero_infinity)
+    if log_probs.numel() == 0:  # ("log_probs tensor must not be empty")
+        op, listed = _as_lists(aten._ctc_loss.default, args, 2)
+        T.cpu_refusal(op, *listed)
     if not _ctc_ok(log_probs, targets, input_lengths, target_lengths, blank):
         return cpu_fallback(*_as_lists(aten._ctc_loss.default, args, 2), {})
     lpv, tv, offsets, in_lens, tg_lens, (T_, N, C), max_len = _ctc_setup(

@@ -23,6 +23,7 @@ from neuron_eager.ops import indexing, workers
 from neuron_eager.ops.copy import keeps_channels_last
 from neuron_eager.ops.jit import fma, njit
 from neuron_eager.ops.matmul import meta_check, narrow_into, result_buffer, widen
+from neuron_eager.ops.meta import in_cpu_words
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.resample_uint8 import resize_uint8
 
@@ -399,6 +400,9 @@ def _sizes_checked(op, kernel):
         if min(output_size, default=1) <= 0 or min(x.shape[2:], default=1) <= 0 or not (
                 x.dtype.is_floating_point or uint8 and x.dtype == torch.uint8):
             T.cpu_refusal(op, x, output_size, *rest)
+        if x.numel() == 0:  # (an empty batch; torch's meta kernels of nearest fail on it)
+            in_cpu_words(op, (x, output_size, *rest), {})  # (no channels: the CPU refuses)
+            return T.empty((*x.shape[:2], *output_size), x.dtype)
         return kernel(x, output_size, *rest)
 
     return checked
@@ -545,11 +549,13 @@ def _register_reflection_pad(op, k):
         for a in range(k):
             size, (left, right) = x.shape[-1 - a], padding[2 * a:2 * a + 2]
             if left >= size or right >= size or size + left + right < 1:
-                T.cpu_refusal(op, x, padding)
+                in_cpu_words(op, (x, padding), {})  # (an empty result may be allowed)
         if not isinstance(x, NeuronTensor):
             return decomposition_table[op](x, padding)
         meta = meta_check(op, (x, padding))
         out = T.empty(meta.shape, x.dtype)
+        if out.numel() == 0:
+            return out
         picked = x._nd  # (the elements, any dtype: a copy, nothing computed)
         for a, (index, _) in enumerate(_pad_tables(reflect_taps, k, x.shape[-k:],
                                                    meta.shape[-k:], padding)):
@@ -563,6 +569,21 @@ def _register_reflection_pad(op, k):
 
 for _k in (1, 2, 3):
     _register_reflection_pad(getattr(aten, f"reflection_pad{_k}d").default, _k)
+
+
+def _register_replication_pad(op, k):
+    """PyTorch's decomposition, after the CPU's check of the result's size (an output of no
+    elements is refused in 1-D, allowed in 2-D and 3-D while another dim is left)."""
+    def kernel(x, padding):
+        if any(x.shape[-1 - a] + padding[2 * a] + padding[2 * a + 1] < 1 for a in range(k)):
+            in_cpu_words(op, (x, padding), {})
+        return decomposition_table[op](x, padding)
+
+    register(op)(kernel)
+
+
+for _k in (1, 2, 3):
+    _register_replication_pad(getattr(aten, f"replication_pad{_k}d").default, _k)
 
 
 # Grid sampling has its own file; importing it here registers it with the resampling ops.

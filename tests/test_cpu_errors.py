@@ -58,6 +58,17 @@ ERRORS = {
     "as_strided past the storage": lambda d: torch.zeros(10, device=d).as_strided(
         (3,), (1,), 20),
     "empty_strided negative stride": lambda d: torch.empty_strided((2, 3), (3, -1), device=d),
+    "bilinear upsampling of no channels": lambda d: F.interpolate(
+        torch.zeros(2, 0, 5, 5, device=d), scale_factor=2, mode="bilinear"),
+    "embedding_bag float indices": lambda d: F.embedding_bag(
+        _t(d, [1., 2.]), torch.ones(4, 3, device=d), _t(d, [0])),
+    "ctc_loss of an empty batch": lambda d: F.ctc_loss(
+        torch.zeros(5, 0, 4, device=d), torch.zeros(0, 3, dtype=torch.long, device=d),
+        torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)),
+    "reflection pad 1-d to nothing": lambda d: F.pad(torch.zeros(2, 3, 6, device=d), [-3, -3],
+                                                     mode="reflect"),
+    "replication pad 1-d to nothing": lambda d: F.pad(torch.zeros(2, 3, 3, device=d), [-2, -1],
+                                                      mode="replicate"),
     "new_empty_strided negative stride": lambda d: torch.zeros(3, device=d).new_empty_strided(
         (2,), (-1,)),
     "linspace bound past int8": lambda d: torch.linspace(0, 300, 4, dtype=torch.int8, device=d),
