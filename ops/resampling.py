@@ -165,11 +165,14 @@ def _guard(src, size):
     return index, lam
 
 
-def nearest_taps(size, out, scale, exact=False):
+def nearest_taps(size, out, scale, exact=False, shortcuts=True):
+    """Source index per output; `shortcuts`: as the CPU's 2-D forward and every backward, an
+    output of the input's size (or twice it) copies (or doubles) whatever the scale; its 1-D
+    and 3-D forward kernels always step by 1/scale."""
     i = np.arange(out, dtype=np.int64)
-    if not exact and out == size:
+    if not exact and shortcuts and out == size:
         index = i
-    elif not exact and out == 2 * size:
+    elif not exact and shortcuts and out == 2 * size:
         index = i >> 1
     else:
         s = F32(1.0 / scale) if scale is not None and scale > 0 else F32(size) / F32(out)
@@ -214,9 +217,13 @@ def _keys_cubic(x):
     return np.where(x < 1, near, np.where(x < 2, far, F32(0))).astype(F32)
 
 
-def aa_taps(size, out, align_corners, scale, cubic=False):
+def aa_taps(size, out, align_corners, scale, cubic=False, copy_same_size=False):
     """Antialiased windows (_compute_weights_aa): a triangle filter (bilinear) or Keys' cubic
-    (bicubic) widened by the downscaling factor, weights normalised to sum 1."""
+    (bicubic) widened by the downscaling factor, weights normalised to sum 1.
+    `copy_same_size`: an axis that keeps its size is copied whatever the scale, as the CPU's
+    separable forward kernel skips it (its backward does not)."""
+    if copy_same_size and out == size:
+        return np.arange(out, dtype=np.int64).reshape(-1, 1), np.ones((out, 1), F32)
     s = _scale(size, out, align_corners, scale)
     half = F32(2) if cubic else F32(1)  # half the filter's width
     support = half * F32(s) if s >= 1 else half
@@ -419,7 +426,7 @@ def _register_nearest_forward(op, k, exact):
             return decomposition_table[op](x, output_size, *scales)
         scales = list(scales) + [None] * (k - len(scales))
         sizes = x.shape[x.dim() - k:]
-        tables = [nearest_taps(sizes[a], output_size[a], scales[a], exact)[0].reshape(-1)
+        tables = [nearest_taps(sizes[a], output_size[a], scales[a], exact, k == 2)[0].reshape(-1)
                   for a in range(k)]
         return nearest(x, meta.shape, k, tables)
 
@@ -447,7 +454,7 @@ def _register_aa(op, cubic):
                                 True, cubic)
         if not isinstance(x, NeuronTensor) or not x.dtype.is_floating_point or x.dim() != 4:
             return _fallback(op, args)
-        tables = [aa_taps(x.shape[2 + a], output_size[a], align_corners, s, cubic)
+        tables = [aa_taps(x.shape[2 + a], output_size[a], align_corners, s, cubic, True)
                   for a, s in enumerate((scales_h, scales_w))]
         return resample(x, meta.shape, 2, tables)
 

@@ -290,3 +290,28 @@ def test_nearest_upsampling_refuses_as_the_cpu():
 def test_empty_results_the_cpu_allows(make):
     # (torch's meta kernel of nearest upsampling fails on an empty batch)
     assert make("neuron").shape == make("cpu").shape
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("size,scale", [(5, 1.1), (20, 2.04), (10, 2.05), (8, 0.95)])
+def test_nearest_picks_the_cpus_pixels_where_the_size_stays_or_doubles(dims, size, scale):
+    # the CPU's 2-D forward copies (or doubles) such an axis; 1-D and 3-D step by 1/scale
+    x = torch.arange(float(size ** dims)).reshape((1, 1) + (size,) * dims)
+    want = F.interpolate(x, scale_factor=scale, mode="nearest")
+    assert torch.equal(F.interpolate(x.to("neuron"), scale_factor=scale, mode="nearest").cpu(),
+                       want)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("scale", [1.1, (1.1, 2.0), (0.9, 1.05)])
+def test_antialiasing_copies_an_axis_that_keeps_its_size(mode, scale):
+    # (the CPU's forward skips such an axis, its backward does not)
+    x = torch.randn(1, 2, 5, 5, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    on_device = x.detach().to("neuron").requires_grad_()
+    want = F.interpolate(x, scale_factor=scale, mode=mode, antialias=True)
+    got = F.interpolate(on_device, scale_factor=scale, mode=mode, antialias=True)
+    torch.testing.assert_close(got.cpu(), want.detach())
+    grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+    want.backward(grad)
+    got.backward(grad.to("neuron"))
+    torch.testing.assert_close(on_device.grad.cpu(), x.grad)
