@@ -289,7 +289,7 @@ def adaptive_max_pool2d(x, output_size):
 
 
 @register(aten.adaptive_max_pool3d.default)
-@keeps_channels_last(0)
+# (contiguous for a channels-last input: the CPU has no channels-last kernel for it)
 def adaptive_max_pool3d(x, output_size):
     return _adaptive_max(aten.adaptive_max_pool3d.default, 3, x, output_size)
 
@@ -367,7 +367,7 @@ def adaptive_max_pool2d_backward(grad, x, indices):
 
 
 @register(aten.adaptive_max_pool3d_backward.default)
-@keeps_channels_last(1)  # (the CPU's grad_input layout)
+# (contiguous, as the CPU's: its forward has no channels-last kernel either)
 def adaptive_max_pool3d_backward(grad, x, indices):
     return _max_backward(aten.adaptive_max_pool3d_backward.default, 3, (grad, x, indices), grad,
                          x, indices)
@@ -437,7 +437,7 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
 
 
 @register(aten.avg_pool3d.default)
-@keeps_channels_last(0)
+# (contiguous for a channels-last input: the CPU has no channels-last kernel for it)
 def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     return _avg_pool(aten.avg_pool3d.default, 3, (x, kernel_size, stride, padding, ceil_mode,
@@ -463,7 +463,7 @@ def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_
 
 
 @register(aten.avg_pool3d_backward.default)
-@keeps_channels_last(1)  # (the CPU's grad_input layout)
+# (contiguous, as the CPU's: its forward has no channels-last kernel either)
 def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                         divisor_override):
     return _avg_pool_backward(aten.avg_pool3d_backward.default, 3,
@@ -487,7 +487,7 @@ def adaptive_avg_pool2d(x, output_size):
 
 
 @register(aten._adaptive_avg_pool3d.default)
-@keeps_channels_last(0)
+# (contiguous for a channels-last input: the CPU has no channels-last kernel for it)
 def adaptive_avg_pool3d(x, output_size):
     return _adaptive_avg(aten._adaptive_avg_pool3d.default, 3, x, output_size)
 
@@ -508,7 +508,7 @@ def adaptive_avg_pool2d_backward(grad, x):
 
 
 @register(aten._adaptive_avg_pool3d_backward.default)
-@keeps_channels_last(1)  # (the CPU's grad_input layout)
+# (contiguous, as the CPU's: its forward has no channels-last kernel either)
 def adaptive_avg_pool3d_backward(grad, x):
     return _adaptive_avg_backward(aten._adaptive_avg_pool3d_backward.default, 3, grad, x)
 

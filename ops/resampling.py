@@ -352,13 +352,27 @@ def _upsample_backward(op, args, scales, make_taps):
     return resample_backward(grad, input_size, k, tables)
 
 
+# The CPU's gradients of 2-D nearest and bilinear (also antialiased) and of trilinear
+# upsampling are channels-last for a channels-last grad_output; bicubic's and 3-D nearest's
+# are contiguous.
+_CHANNELS_LAST_GRADS = {aten.upsample_nearest2d_backward.default,
+                        aten._upsample_nearest_exact2d_backward.default,
+                        aten.upsample_bilinear2d_backward.default,
+                        aten._upsample_bilinear2d_aa_backward.default,
+                        aten.upsample_trilinear3d_backward.default}
+
+
+def _register_backward(op, kernel):
+    register(op)(keeps_channels_last(0)(kernel) if op in _CHANNELS_LAST_GRADS else kernel)
+
+
 def _register_nearest(op, exact):
     def kernel(grad, output_size, input_size, *scales):
         args = (grad, output_size, input_size, *scales)
         return _upsample_backward(op, args, scales,
                                   lambda n, m, s: nearest_taps(n, m, s, exact))
 
-    register(op)(kernel)
+    _register_backward(op, kernel)
 
 
 for _op, _exact in ((aten.upsample_nearest1d_backward.default, False),
@@ -376,7 +390,7 @@ def _register_interp(op, taps):
         return _upsample_backward(op, args, scales,
                                   lambda n, m, s: taps(n, m, align_corners, s))
 
-    register(op)(kernel)
+    _register_backward(op, kernel)
 
 
 for _op, _taps in ((aten.upsample_linear1d_backward.default, linear_taps),

@@ -315,3 +315,34 @@ def test_antialiasing_copies_an_axis_that_keeps_its_size(mode, scale):
     want.backward(grad)
     got.backward(grad.to("neuron"))
     torch.testing.assert_close(on_device.grad.cpu(), x.grad)
+
+
+_LAYOUT_CASES = {  # name -> (input dims, op)
+    "avg_pool3d": (5, lambda t: F.avg_pool3d(t, 2)),
+    "adaptive_avg_pool3d": (5, lambda t: F.adaptive_avg_pool3d(t, (2, 3, 3))),
+    "adaptive_max_pool3d": (5, lambda t: F.adaptive_max_pool3d(t, 2)),
+    "max_pool3d": (5, lambda t: F.max_pool3d(t, 2)),
+    "nearest 3-D": (5, lambda t: F.interpolate(t, scale_factor=2)),
+    "trilinear": (5, lambda t: F.interpolate(t, scale_factor=2, mode="trilinear")),
+    "nearest 2-D": (4, lambda t: F.interpolate(t, scale_factor=2)),
+    "nearest-exact 2-D": (4, lambda t: F.interpolate(t, scale_factor=2, mode="nearest-exact")),
+    "bilinear": (4, lambda t: F.interpolate(t, scale_factor=2, mode="bilinear")),
+    "bilinear antialiased": (4, lambda t: F.interpolate(t, scale_factor=0.5, mode="bilinear",
+                                                        antialias=True)),
+    "bicubic": (4, lambda t: F.interpolate(t, scale_factor=2, mode="bicubic"))}
+
+
+@pytest.mark.parametrize("name", _LAYOUT_CASES)
+def test_channels_last_results_and_gradients_take_the_cpus_layout(name):
+    # (3-D average and adaptive pools have no channels-last kernel on the CPU; 2-D nearest,
+    # bilinear and trilinear gradients follow a channels-last grad_output there)
+    dims, op = _LAYOUT_CASES[name]
+    x = torch.randn((2, 3, 4, 6, 6)[5 - dims:]).contiguous(
+        memory_format=torch.channels_last if dims == 4 else torch.channels_last_3d)
+    layouts = []
+    for device in ("cpu", "neuron"):
+        leaf = x.detach().to(device).requires_grad_()
+        y = op(leaf)
+        grad, = torch.autograd.grad(y, leaf, torch.ones_like(y))
+        layouts.append((y.stride(), grad.stride()))
+    assert layouts[1] == layouts[0]
