@@ -28,9 +28,14 @@ def parse_bytes(text: str) -> int:
 
 def _flag(name: str, default: bool) -> bool:
     value = os.environ.get(name)
-    if value is None or value == "":
+    if value is None or value.strip() == "":
         return default
-    return value.strip().lower() not in ("0", "false", "no", "off")
+    word = value.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1 or 0 (or true/false, yes/no, on/off), not {value!r}")
 
 
 def _hbm_bytes() -> int | None:

@@ -168,7 +168,9 @@ def test_a_setting_that_does_not_exist_or_a_wrong_kind_of_value_is_refused():
     ("NEURON_EAGER_LAUNCH_OVERHEAD_NS", "-1000", ">= 0"),
     ("NEURON_EAGER_LAUNCH_OVERHEAD_NS", "fast", "NEURON_EAGER_LAUNCH_OVERHEAD_NS must be a"),
     ("NEURON_EAGER_HBM_BYTES", "0", "positive"),
-    ("NEURON_EAGER_HBM_BYTES", "lots", "NEURON_EAGER_HBM_BYTES: cannot read")])
+    ("NEURON_EAGER_HBM_BYTES", "lots", "NEURON_EAGER_HBM_BYTES: cannot read"),
+    ("NEURON_EAGER_ADAPTIVE", "disabled", "NEURON_EAGER_ADAPTIVE must be 1 or 0"),
+    ("NEURON_EAGER_CPU_FALLBACK", "none", "NEURON_EAGER_CPU_FALLBACK must be 1 or 0")])
 def test_a_bad_environment_setting_is_refused_at_import_naming_it(variable, value, words):
     run = subprocess.run([sys.executable, "-c", "import neuron_eager"], capture_output=True,
                          text=True, env=dict(os.environ, **{variable: value}), timeout=300)
