@@ -36,6 +36,7 @@ _compat.install_cross_device_data_setter(  # (Note [Setting .data across devices
 _compat.refuse_process_sharing(NeuronTensor, NOT_SHARED)
 _compat.refuse_dlpack_export(NeuronTensor, NO_DLPACK)
 _compat.install_tied_parameters_shim()
+_compat.install_torchscript_shim()  # (Note [TorchScript on neuron])
 _compat.refuse_bare_storages()  # (Note [No bare neuron storages])
 _compat.install_compile_shim()
 _compat.install_backward_errors(backward_errors)

@@ -6,6 +6,7 @@ device misbehaving quietly.
 """
 from __future__ import annotations
 
+import copy as _copy
 import copyreg
 import functools
 
@@ -539,6 +540,7 @@ def install_tied_parameters_shim() -> None:
     _plain_apply = torch.nn.Module._apply
 
     def _apply(self, fn, recurse=True):
+        _parameters_of_loaded_script_modules(self)
         if not recurse:
             return _plain_apply(self, fn, recurse)
         before = [(m, name, p) for m in self.modules() for name, p in m._parameters.items()
@@ -578,6 +580,51 @@ def install_tied_parameters_shim() -> None:
     torch.nn.parameter.UninitializedTensorMixin.materialize = materialize
     for placeholder in _UNINITIALIZED:
         placeholder.__new__ = _made_on_host(placeholder.__new__)
+
+
+# Note [TorchScript on neuron]
+# A ScriptModule loaded with torch.jit.load holds its parameters as plain tensors, and
+# Module._apply, for a conversion it cannot do in place (a CPU tensor and a neuron tensor are
+# not shallow-copy compatible), asserts that each is a Parameter: `.to("neuron")` failed.
+# They become Parameters (the same memory) first. torch.jit.load(map_location="neuron")
+# loads onto the CPU and moves the module (the C++ loader made tensors Python could not
+# run), and torch.jit.save writes a CPU copy of a module holding neuron tensors (C++ cannot
+# read them): load it with map_location="neuron" again.
+def _parameters_of_loaded_script_modules(module) -> None:
+    for m in module.modules():
+        if isinstance(m, torch.jit.RecursiveScriptModule):
+            table = m._parameters
+            for name in list(table.keys()):
+                p = table[name]
+                if p is not None and not isinstance(p, torch.nn.Parameter):
+                    table[name] = torch.nn.Parameter(p, requires_grad=p.requires_grad)
+
+
+def install_torchscript_shim() -> None:
+    """Note [TorchScript on neuron]."""
+    import torch.jit._serialization as serialization
+
+    load, save = serialization.load, serialization.save
+    if getattr(load, "_neuron_wrapped", False):
+        return
+
+    @functools.wraps(load)
+    def load_onto_neuron(f, map_location=None, *args, **kwargs):
+        target = map_location
+        if isinstance(target, (str, torch.device)) and torch.device(target).type == BACKEND:
+            return load(f, "cpu", *args, **kwargs).to(target)
+        return load(f, map_location, *args, **kwargs)
+
+    @functools.wraps(save)
+    def save_from_host(m, f, *args, **kwargs):
+        tensors = [*m.parameters(), *m.buffers()] if isinstance(m, torch.nn.Module) else []
+        if any(t.device.type == BACKEND for t in tensors):
+            m = _copy.deepcopy(m).cpu()
+        return save(m, f, *args, **kwargs)
+
+    load_onto_neuron._neuron_wrapped = True
+    torch.jit.load = serialization.load = load_onto_neuron
+    torch.jit.save = serialization.save = save_from_host
 
 
 def _made_on_host(new):

@@ -209,6 +209,31 @@ def test_script_modules_move_to_neuron_and_back(make):
     module.to(torch.float64).to("cpu")
 
 
+def test_saved_script_modules_load_onto_neuron_and_neuron_ones_save():
+    # Note [TorchScript on neuron]
+    import io
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    x = torch.randn(3, 8)
+    want = eager(x)
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(eager), buffer)
+    for load in (lambda b: torch.jit.load(b).to("neuron"),
+                 lambda b: torch.jit.load(b, map_location="neuron")):
+        buffer.seek(0)
+        module = load(buffer)
+        assert {p.device.type for p in module.parameters()} == {"neuron"}
+        got = module(x.to("neuron"))
+        torch.testing.assert_close(got.cpu(), want)
+        again = io.BytesIO()
+        torch.jit.save(module, again)  # (a CPU copy: C++ cannot read neuron memory)
+        assert module(x.to("neuron")).device.type == "neuron"  # (the module itself stays)
+        again.seek(0)
+        torch.testing.assert_close(torch.jit.load(again, map_location="neuron")(
+            x.to("neuron")).cpu(), want)
+
+
 _COMPILED_BACKWARD = """
 import warnings, torch, neuron_eager
 m = torch.nn.Linear(3, 2).to("neuron")
