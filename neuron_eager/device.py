@@ -21,8 +21,9 @@ from neuron_eager.ops import random as _random
 from neuron_eager.ops import tensor as _tensor
 from neuron_eager import adaptive as _adaptive
 from neuron_eager import streams as _streams
-from neuron_eager.streams import (Event, Stream, current_stream, default_stream,  # noqa: F401
-                                  set_stream, stream)
+from neuron_eager.streams import (Event, Stream, StreamContext, current_stream,  # noqa: F401
+                                  default_stream, is_current_stream_capturing, set_stream,
+                                  stream)
 
 # (torch.cuda.OutOfMemoryError's place: ported scripts catch it there; it is a
 # torch.OutOfMemoryError, so `except torch.OutOfMemoryError` catches it too)
@@ -37,6 +38,10 @@ class NeuronDeviceProperties:
     sbuf_bytes: int
     psum_bytes: int
     hbm_bandwidth: float
+    # (CUDA's fields that ported scripts read: a NeuronCore is one core of four engines)
+    major: int = 1
+    minor: int = 0
+    multi_processor_count: int = 1
 
     def __repr__(self) -> str:
         return (f"NeuronDeviceProperties(name='{self.name}', total_memory="
@@ -111,6 +116,14 @@ def get_device_properties(device=None) -> NeuronDeviceProperties:
                                   spec.psum_bytes, spec.hbm_bandwidth / spec.cores_per_chip)
 
 
+@contextlib.contextmanager
+def device_of(obj):
+    """torch.cuda.device_of: the device of tensor `obj` current inside the block (a CPU
+    tensor leaves it)."""
+    with device(obj.get_device() if obj.device.type == _tensor.DEVICE.type else -1):
+        yield
+
+
 def synchronize(device=None) -> None:
     """Wait for all queued work. Kernels have already run on the host; the simulated
     clock's host time moves to the end of the last queued kernel."""
@@ -170,6 +183,18 @@ def memory_stats(device=None) -> OrderedDict:
     _index(device)
     _adaptive.flush("memory query")  # recorded work allocates when it runs
     return OrderedDict(core.hbm.stats())
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """memory_stats() with its dotted keys as nested dicts, as torch.cuda's."""
+    nested: dict = {}
+    for key, value in memory_stats(device).items():
+        *path, last = key.split(".")
+        table = nested
+        for part in path:
+            table = table.setdefault(part, {})
+        table[last] = value
+    return nested
 
 
 def memory_allocated(device=None) -> int:

@@ -14,7 +14,6 @@ True
 """
 from __future__ import annotations
 
-import contextlib
 import weakref
 
 import torch
@@ -175,18 +174,30 @@ def set_stream(stream: Stream) -> None:
     _clock.current = stream._sim
 
 
-@contextlib.contextmanager
-def stream(stream: Stream | None):
+class StreamContext:
+    """`stream` current inside the block (None: the current one stays), as
+    torch.cuda.StreamContext; `torch.neuron.stream(s)` returns one."""
+
+    def __init__(self, stream: Stream | None):
+        self.stream = stream
+
+    def __enter__(self):
+        self._saved = current_stream()
+        set_stream(self.stream)  # (None: nothing changes)
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        set_stream(self._saved)
+
+
+def stream(stream: Stream | None) -> StreamContext:
     """Make `stream` current inside the block (None: leave the current one)."""
-    if stream is None:
-        yield
-        return
-    saved = current_stream()
-    set_stream(stream)
-    try:
-        yield
-    finally:
-        set_stream(saved)
+    return StreamContext(stream)
+
+
+def is_current_stream_capturing() -> bool:
+    """False: no graph capture (CUDA graphs have no counterpart here)."""
+    return False
 
 
 def synchronize(device=None) -> None:

@@ -109,6 +109,9 @@ def _check_layout(layout):
 
 def _arange(op):
     def arange(*args, **kwargs):
+        bounds = (0, args[0]) if len(args) == 1 else args[:2]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in bounds):
+            raise RuntimeError(f"unsupported range: {bounds[0]} -> {bounds[1]}")
         meta = _meta(op, args, kwargs)
         if meta.dtype == torch.bool:  # (as linspace below)
             raise NotImplementedError("\"arange_cpu\" not implemented for 'Bool'")

@@ -58,6 +58,8 @@ ERRORS = {
     "as_strided past the storage": lambda d: torch.zeros(10, device=d).as_strided(
         (3,), (1,), 20),
     "empty_strided negative stride": lambda d: torch.empty_strided((2, 3), (3, -1), device=d),
+    "arange to nan": lambda d: torch.arange(0, float("nan"), device=d),
+    "arange from -inf": lambda d: torch.arange(float("-inf"), 3, device=d),
     "bilinear upsampling of no channels": lambda d: F.interpolate(
         torch.zeros(2, 0, 5, 5, device=d), scale_factor=2, mode="bilinear"),
     "embedding_bag float indices": lambda d: F.embedding_bag(

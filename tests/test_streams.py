@@ -164,3 +164,21 @@ def test_elapsed_time_is_the_same_in_another_process():
 
     first, second = run("1"), run("2")  # different hash seeds: no dict-order dependence
     assert float(first) > 0 and first == second
+
+
+def test_cuda_names_ported_scripts_call():
+    x = torch.ones(2, device="neuron")
+    with torch.neuron.device_of(x), torch.neuron.device_of(torch.ones(1)):
+        assert torch.neuron.current_device() == 0
+    s = torch.neuron.Stream()
+    with torch.neuron.StreamContext(s) as entered:
+        assert entered is s and torch.neuron.current_stream() == s
+    assert torch.neuron.current_stream() == torch.neuron.default_stream()
+    with torch.neuron.stream(None):
+        assert torch.neuron.current_stream() == torch.neuron.default_stream()
+    assert not torch.neuron.is_current_stream_capturing()
+    nested, flat = torch.neuron.memory_stats_as_nested_dict(), torch.neuron.memory_stats()
+    assert nested["allocated_bytes"]["all"]["current"] == flat["allocated_bytes.all.current"]
+    assert nested["num_ooms"] == flat["num_ooms"]
+    properties = torch.neuron.get_device_properties(0)
+    assert properties.major >= 1 and properties.multi_processor_count >= 1
