@@ -2,8 +2,8 @@
 
 Each op is a small jitted scalar function; `define` registers its functional,
 in-place and (via the router) out= forms. Constants are float32 so fp32 math
-stays fp32; integer math runs in int64 and wraps on store. Also here: frexp, allclose,
-hash_tensor (bit XOR) and renorm; the bitwise and integer-only ops are in ops/bitwise.py.
+stays fp32; integer math runs in int64 and wraps on store. Also here: frexp, allclose
+and renorm; the bitwise and integer-only ops (and hash_tensor) are in ops/bitwise.py.
 """
 from __future__ import annotations
 
@@ -371,7 +371,10 @@ _IREMAINDER = E.Elementwise("int_remainder", _int_remainder)
 
 
 def check_integer_divisor(x, y) -> None:
-    """Integer division by zero raises RuntimeError("ZeroDivisionError") on the CPU; here too."""
+    """Integer division by zero raises RuntimeError("ZeroDivisionError") on the CPU (in its
+    loop: not for an empty result); here too."""
+    if any(isinstance(t, torch.Tensor) and not t.numel() for t in (x, y)):
+        return
     if isinstance(y, torch.Tensor) and not y.dtype.is_floating_point and y.numel() and \
             not E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point:
         # the host reads the check back, as the CPU kernel does (a CPU 0-dim divisor at once)
@@ -737,7 +740,7 @@ def frexp(x):
     return mantissa, exponent
 
 
-# -- allclose, hash_tensor ---------------------------------------------------------------
+# -- allclose -----------------------------------------------------------------------------
 @register(aten.allclose.default)
 def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     if x.dtype != other.dtype:
@@ -745,35 +748,6 @@ def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False):
                            f"{E.T.dtype_name(other.dtype)}")
     close = aten.isclose.default(x, other, rtol, atol, equal_nan)
     return bool(aten.all.default(close).item())  # the host reads the verdict back
-
-
-@njit(error_model="numpy", nogil=True)
-def _xor_rows(out, bits):
-    for r in range(bits.shape[0]):
-        h = np.uint64(0)
-        for c in range(bits.shape[1]):
-            h ^= bits[r, c]
-        out[r] = h
-
-
-@register(aten.hash_tensor.default)
-def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
-    """XOR of the elements' bits after widening to float64 / int64 (mode 0), as the CPU."""
-    from neuron_eager.ops.views import meta_like
-
-    meta = aten.hash_tensor.default(meta_like(x), dim, keepdim=keepdim, mode=mode)
-    dims = sorted({d % max(x.dim(), 1) for d in dim}) if dim else list(range(x.dim()))
-    wide = E.copy_into(E.T.empty(x.shape, torch.float64 if x.dtype.is_floating_point
-                                 else torch.int64), x)  # exact widening
-    kept = [d for d in range(x.dim()) if d not in dims]
-    rows = E.T.numel([x.shape[d] for d in kept])
-    flat = wide.permute(kept + dims).contiguous() if x.dim() else wide
-    out = E.T.empty(meta.shape, torch.uint64)
-    if rows:
-        bits = flat._nd.reshape(-1).view(np.uint64).reshape(rows, x.numel() // rows)
-        _xor_rows(out._nd.reshape(-1), bits)
-    core.launch("vector", x.numel(), wide._nd.nbytes)
-    return out
 
 
 # -- renorm --------------------------------------------------------------------------------

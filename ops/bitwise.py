@@ -1,5 +1,5 @@
 """Comparisons, logic, bitwise and integer-only elementwise ops: eq / lt / ..., logical_and /
-..., isnan, bitwise and / or / xor / not, shifts, gcd, lcm.
+..., isnan, bitwise and / or / xor / not, shifts, gcd, lcm; hash_tensor (an XOR of bits).
 
 Defined with arithmetic's `define` (the same functional, in-place and out= forms); the
 bitwise ones refuse the float operands (and the integer-only ones bool) that the CPU has no
@@ -7,8 +7,10 @@ kernel for, in its words.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from neuron_eager.device_sim import core
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.arithmetic import define
@@ -139,3 +141,33 @@ _integer_op("rshift", _rshift, "rshift_cpu",
             [aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
              aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor,
              aten.__rshift__.Scalar], [aten.__irshift__.Tensor, aten.__irshift__.Scalar])
+
+
+# -- hash_tensor ---------------------------------------------------------------------------
+@njit(error_model="numpy", nogil=True)
+def _xor_rows(out, bits):
+    for r in range(bits.shape[0]):
+        h = np.uint64(0)
+        for c in range(bits.shape[1]):
+            h ^= bits[r, c]
+        out[r] = h
+
+
+@register(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    """XOR of the elements' bits after widening to float64 / int64 (mode 0), as the CPU."""
+    from neuron_eager.ops.views import meta_like
+
+    meta = aten.hash_tensor.default(meta_like(x), dim, keepdim=keepdim, mode=mode)
+    dims = sorted({d % max(x.dim(), 1) for d in dim}) if dim else list(range(x.dim()))
+    wide = E.copy_into(E.T.empty(x.shape, torch.float64 if x.dtype.is_floating_point
+                                 else torch.int64), x)  # exact widening
+    kept = [d for d in range(x.dim()) if d not in dims]
+    rows = E.T.numel([x.shape[d] for d in kept])
+    flat = wide.permute(kept + dims).contiguous() if x.dim() else wide
+    out = E.T.empty(meta.shape, torch.uint64)
+    if rows:
+        bits = flat._nd.reshape(-1).view(np.uint64).reshape(rows, x.numel() // rows)
+        _xor_rows(out._nd.reshape(-1), bits)
+    core.launch("vector", x.numel(), wide._nd.nbytes)
+    return out

@@ -546,3 +546,12 @@ def test_scalars_that_do_not_fit_are_refused_as_on_cpu(dtype):
                 assert torch.equal(dev.cpu(), torch.ones(3, dtype=dtype))  # unchanged
                 continue
             torch.testing.assert_close(fn(dev).cpu(), expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("program", [lambda x: x % 0, lambda x: torch.fmod(x, 0),
+                                     lambda x: x // 0, lambda x: x // torch.zeros_like(x),
+                                     lambda x: torch.take_along_dim(x.float(), x, dim=0)])
+def test_integer_division_by_zero_of_an_empty_tensor_is_empty(program):
+    # (the CPU checks divisors in its loop, which an empty result never runs)
+    x = torch.empty(0, dtype=torch.long)
+    assert torch.equal(program(x.to("neuron")).cpu(), program(x))
