@@ -128,6 +128,7 @@ def _result_strides(operands, shape):
 # (op, operand signature from _refs, default dtype) -> (dtype, compute type, shape, scalar
 # cast), or False: run eagerly
 _typed: dict = {}
+_TYPES_KEPT = 4096
 
 
 def _type(op, operands, key):
@@ -135,6 +136,8 @@ def _type(op, operands, key):
     what the eager kernel raises."""
     dtype, compute, cast = E.promotion(op, operands)
     shape = E.broadcast_shape([o.shape for o in operands if type(o) is NeuronTensor])
+    if len(_typed) >= _TYPES_KEPT:  # (keyed by shapes: a run whose shapes never repeat)
+        _typed.clear()
     typed = _typed[key] = (dtype, compute, shape, cast) if 0 not in shape else False
     return typed
 
@@ -256,6 +259,8 @@ def _record_inplace(plan, args, kwargs):
     key = (op, sig)
     compute = _inplace_types.get(key)
     if compute is None:
+        if len(_inplace_types) >= _TYPES_KEPT:
+            _inplace_types.clear()
         compute = _inplace_types[key] = _inplace_type(op, operands, a)
     if not compute:
         return None  # the eager kernel raises

@@ -19,6 +19,7 @@ import numpy as np
 SMALL_LIMIT = 1 << 20  # blocks below 1 MiB belong to the small pool
 LARGE_ROUND = 2 << 20  # requests of 16 MiB and more round to 2 MiB
 MIN_BLOCK = 256
+CACHE_KEEP = 1 << 30  # cached bytes always kept (Note [A bounded cache])
 
 
 class OutOfMemory(Exception):
@@ -280,7 +281,17 @@ class CachingAllocator:
         return self._segments[0][0] + self._segments[1][0]
 
     # -- internals --------------------------------------------------------------------
+    # Note [A bounded cache]
+    # Blocks are never split, and a cached block serves only its own size class, so a run whose
+    # shapes keep changing (dynamic padding) left ever more blocks of other sizes cached:
+    # reserved memory, which is host RAM here, climbed toward the HBM capacity (2 GiB for a
+    # 128 MiB working set), where CUDA's allocator would split a larger cached block. So when
+    # a request finds no block of its size and more is cached than is allocated (and than
+    # CACHE_KEEP), the cache is released first. A run of steady shapes always finds its sizes.
     def _new_block(self, size: int, requested: int) -> Block:
+        allocated = self.allocated
+        if self.reserved - allocated > max(allocated, CACHE_KEEP):
+            self._release_cached()
         limit = self.capacity if self.fraction == 1.0 else int(self.capacity * self.fraction)
         if self.reserved + size > limit:
             self._counters["num_alloc_retries"] += 1

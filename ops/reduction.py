@@ -46,6 +46,8 @@ class Rows(NamedTuple):
 
 
 _rows_cache: dict = {}
+_ROWS_CACHE_BYTES = 64 << 20  # (its offset tables grow with the shapes: a decoding loop's
+_rows_cache_bytes = [0]       # lengthening rows held ~1 GB when only entries were counted)
 
 
 def _offsets(shape, strides) -> np.ndarray:
@@ -74,9 +76,12 @@ def rows(x: torch.Tensor, dims) -> Rows:
         else:
             run = ishape[-1] if istride[-1] == 1 and ishape[-1] % SUM_LANES == 0 else 0
             r = Rows(starts, _offsets(ishape, istride), 0, n, False, run)
-        if len(_rows_cache) > 4096:
+        size = r.starts.nbytes + r.steps.nbytes
+        if len(_rows_cache) > 4096 or _rows_cache_bytes[0] + size > _ROWS_CACHE_BYTES:
             _rows_cache.clear()
+            _rows_cache_bytes[0] = 0
         _rows_cache[key] = r
+        _rows_cache_bytes[0] += size
     return r
 
 

@@ -146,3 +146,17 @@ def test_a_freed_block_still_seen_by_an_array_is_not_handed_out():
     del view
     hbm.free(again)
     assert hbm.malloc(1000) in (block, again)  # unseen now: both reusable
+
+
+def test_a_cache_of_other_sizes_is_released_before_it_outgrows_the_working_set(monkeypatch):
+    # Note [A bounded cache]: shapes that keep changing left blocks of every size cached
+    from neuron_eager.device_sim import hbm as module
+
+    monkeypatch.setattr(module, "CACHE_KEEP", 4 << 20)
+    hbm = CachingAllocator(1 << 30)
+    for step in range(40):  # one 20-40 MiB activation a step, a new size each time
+        hbm.free(hbm.malloc((20 << 20) + step * (512 << 10)))
+        assert hbm.reserved <= 2 * (40 << 20) + (4 << 20)
+    kept = hbm.malloc(1 << 20)
+    hbm.free(kept)
+    assert hbm.malloc(1 << 20) is kept  # (a size found in the cache is still reused)
