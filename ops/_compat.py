@@ -6,6 +6,7 @@ device misbehaving quietly.
 """
 from __future__ import annotations
 
+import contextlib
 import copy as _copy
 import copyreg
 import functools
@@ -64,16 +65,48 @@ def make_wrapper(cls, shape, stride, offset, dtype, device, requires_grad=False)
 # too: the CPU tensors kernels, printing and torch.save make landed on the device. So the
 # device's Python runs with torch function off whenever a mode is on (a check costs ~40 ns):
 # user modes see the user's calls, never the simulator's.
+# torch.jit.trace likewise recorded the simulator's own calls into the user's trace (the
+# convolution's meta run broke the tracer's bookkeeping, and a process that failed such traces
+# could crash later): the tracer is paused inside the device too.
 function_modes = torch._C._len_torch_function_stack
-no_torch_function = torch._C.DisableTorchFunction
+tracing_state = torch._C._get_tracing_state
+
+
+@contextlib.contextmanager
+def device_side():
+    """Torch function modes and the JIT tracer off (Note [Host tensors under a default
+    device])."""
+    state = tracing_state()
+    if state is not None:
+        _set_tracing_state(None)
+    try:
+        with torch._C.DisableTorchFunction():
+            yield
+    finally:
+        if state is not None:
+            _set_tracing_state(state)
+
+
+def _set_tracing_state(state) -> None:
+    """torch refuses to change the tracing state while its Tracer key is excluded, as it is in
+    a kernel: the exclusion is lifted for the change."""
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded(_TRACER)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(_TRACER, False)
+    try:
+        torch._C._set_tracing_state(state)
+    finally:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(_TRACER, excluded)
+
+
+_TRACER = torch._C._parse_dispatch_key("Tracer")  # (not a named member of DispatchKey)
 
 
 def host_side(fn):
-    """`fn` run with torch function modes off (Note [Host tensors under a default device])."""
+    """`fn` run as `device_side` (Note [Host tensors under a default device])."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        if function_modes():
-            with no_torch_function():
+        if function_modes() or tracing_state() is not None:
+            with device_side():
                 return fn(*args, **kwargs)
         return fn(*args, **kwargs)
 

@@ -259,8 +259,8 @@ class NeuronTensor(torch.Tensor):
         if cls is not NeuronTensor:  # (Note [Subclasses of neuron tensors])
             args, kwargs = tree_map(plain, (args, kwargs or {}))
         try:
-            if _function_modes():  # (Note [Host tensors under a default device] in _compat.py)
-                with _no_torch_function():
+            if _function_modes() or _tracing_state() is not None:  # (Note [Host tensors
+                with _device_side():  # under a default device] in _compat.py)
                     return _dispatcher(func, args, kwargs or {})
             return _dispatcher(func, args, kwargs or {})
         except Exception as e:  # (Note [Errors on autograd's thread] in backward_errors.py)
@@ -441,7 +441,8 @@ _compat.keep_dynamo_out(NeuronTensor.__torch_dispatch__.__func__)
 NeuronTensor.__name__ = "Tensor"
 for _name in ("__repr__", "__format__", "__reduce_ex__", "__deepcopy__", "tolist", "numpy"):
     setattr(NeuronTensor, _name, _compat.host_side(vars(NeuronTensor)[_name]))
-_function_modes, _no_torch_function = _compat.function_modes, _compat.no_torch_function
+_function_modes, _tracing_state, _device_side = (_compat.function_modes, _compat.tracing_state,
+                                                  _compat.device_side)
 _TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
 _UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
 _STORAGE_NBYTES = torch._C.StorageBase.nbytes  # (the C++ size: len(), indexing, printing)

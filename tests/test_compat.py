@@ -266,3 +266,22 @@ def test_torch_function_modes_are_counted_and_turned_off_as_host_side_expects():
         assert _compat.function_modes() == 1
         assert _compat.host_side(lambda: torch.empty(1).device)() == torch.device("cpu")
         assert torch.empty(1).device == torch.device("meta")
+
+
+def test_jit_trace_records_the_users_ops_not_the_devices():
+    # (the tracer recorded the simulator's own calls: cross_entropy's trace failed with an
+    # internal assert, and the user got TracerWarnings pointing into neuron_eager)
+    import warnings
+    import torch.nn.functional as F
+
+    x = torch.randn(4, 5)
+    target = torch.tensor([0, 1, 4, 2])
+
+    def loss(x):
+        return F.cross_entropy(x * 2, target.to(x.device)) if x.sum() != 0 else x.sum()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(loss, x.to("neuron"), check_trace=False)
+    torch.testing.assert_close(traced(x.to("neuron")).cpu(), loss(x))
+    assert not [w for w in caught if "neuron_eager" in w.filename or "/ops/" in w.filename]
