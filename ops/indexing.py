@@ -387,6 +387,9 @@ def check_index_select(x, dim, index) -> None:
         raise IndexError("index_select(): Index is supposed to be a vector")
     if index.dtype not in (torch.int32, torch.int64):
         raise RuntimeError("index_select(): Expected dtype int32 or int64 for index")
+    if x.dim() == 0 and index.numel() != 1:
+        raise RuntimeError(f"index_select(): Index to scalar can have only 1 value, got "
+                           f"{index.numel()} value(s)")
 
 
 def check_index_func(func: str, x, dim, index, source) -> None:

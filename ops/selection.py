@@ -21,7 +21,7 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import stage_dtype
 from neuron_eager.ops.indexing import finish
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.meta import meta_outputs
+from neuron_eager.ops.meta import in_cpu_words, meta_outputs
 from neuron_eager.ops.reduction import load, store  # template placeholders
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.scan import _dest, _merge_sort
@@ -457,6 +457,8 @@ def logcumsumexp(x, dim):
 
 
 def _select(op, x, dim, keepdim, mode, k=0, name=""):
+    if dim is not None and x.numel() == 0:  # (the CPU checks an empty dim before k)
+        in_cpu_words(op, (x, *([k + 1] if mode == KTH else []), dim, keepdim), {})
     if dim is not None:  # (the CPU checks k and dim before the dtype)
         _meta(op, x, *([k + 1] if mode == KTH else []), dim, keepdim)
     if x.dtype == torch.bool and mode != MODE:

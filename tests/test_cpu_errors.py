@@ -59,6 +59,11 @@ ERRORS = {
         (3,), (1,), 20),
     "empty_strided negative stride": lambda d: torch.empty_strided((2, 3), (3, -1), device=d),
     "arange to nan": lambda d: torch.arange(0, float("nan"), device=d),
+    "index_select of a scalar by two indices": lambda d: torch.index_select(
+        torch.tensor(3.5, device=d), 0, _t(d, [0, 0])),
+    "kthvalue over an empty dim": lambda d: torch.zeros(2, 0, device=d).kthvalue(1, 1),
+    "median over an empty dim": lambda d: torch.zeros(2, 0, device=d).median(1),
+    "roll of a scalar along -1": lambda d: torch.roll(torch.tensor(1., device=d), -2, dims=-1),
     "arange from -inf": lambda d: torch.arange(float("-inf"), 3, device=d),
     "bilinear upsampling of no channels": lambda d: F.interpolate(
         torch.zeros(2, 0, 5, 5, device=d), scale_factor=2, mode="bilinear"),
