@@ -12,7 +12,7 @@ import sys
 import torch
 
 from neuron_eager.device_sim import config
-from neuron_eager.ops import _compat, backward_errors, jit, router
+from neuron_eager.ops import _compat, _compat_modules, backward_errors, jit, router
 from neuron_eager.ops.tensor import NO_DLPACK, NOT_SHARED, NeuronOutOfMemoryError, NeuronTensor
 from neuron_eager.ops.tensor import user_state
 
@@ -30,13 +30,13 @@ _compat.ensure_foreach_support(NeuronTensor)
 _compat.ensure_fx_tracing(NeuronTensor)
 _compat.install_accelerator_functions(_device.ACCELERATOR_FUNCTIONS)
 _compat.install_pinned_memory_shim()
-_compat.install_data_parallel_shim()  # (Note [DataParallel on one NeuronCore])
-_compat.install_cross_device_data_setter(  # (Note [Setting .data across devices])
+_compat_modules.install_data_parallel_shim()  # (Note [DataParallel on one NeuronCore])
+_compat_modules.install_cross_device_data_setter(  # (Note [Setting .data across devices])
     lambda t, new: isinstance(new, NeuronTensor) and not isinstance(t, NeuronTensor), user_state)
 _compat.refuse_process_sharing(NeuronTensor, NOT_SHARED)
 _compat.refuse_dlpack_export(NeuronTensor, NO_DLPACK)
-_compat.install_tied_parameters_shim()
-_compat.install_torchscript_shim()  # (Note [TorchScript on neuron])
+_compat_modules.install_tied_parameters_shim()
+_compat_modules.install_torchscript_shim()  # (Note [TorchScript on neuron])
 _compat.refuse_bare_storages()  # (Note [No bare neuron storages])
 _compat.install_compile_shim()
 _compat.install_backward_errors(backward_errors)

@@ -19,7 +19,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import OutOfMemory, core
-from neuron_eager.ops import _compat, backward_errors, saving, workers
+from neuron_eager.ops import _compat, _compat_modules, backward_errors, saving, workers
 
 _compat.rename_backend()
 DEVICE = torch.device(_compat.BACKEND, 0)
@@ -350,7 +350,7 @@ class NeuronTensor(torch.Tensor):
         # the memory behind it lives in our attributes, so they follow.
         storage = new._storage if type(new) is NeuronTensor else None  # computed first
         if storage is None and isinstance(new, torch.Tensor) and new.device.type != DEVICE.type:
-            return _compat.move_data(self, new, user_state)  # as CUDA's, to another device
+            return _compat_modules.move_data(self, new, user_state)  # as CUDA's, to another device
         _TENSOR_DATA.__set__(self, new)
         if storage is not None:
             self.__dict__.pop("_node", None)

@@ -154,3 +154,13 @@ def lane_sums(rows: np.ndarray) -> np.ndarray:
             h //= 2
         total += lanes[:, 0]
     return total
+
+
+def outcome(fn, device):
+    """`fn(device)`'s result (a tensor on the CPU), or its exception as (type, the first line
+    of its message: the CPU may append a printed tensor)."""
+    try:
+        out = fn(device)
+    except Exception as e:  # noqa: BLE001
+        return type(e), (str(e).splitlines() or [""])[0]
+    return out.cpu() if isinstance(out, torch.Tensor) else out

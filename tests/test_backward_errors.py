@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import neuron_eager
 from neuron_eager import debug
 from neuron_eager.ops import tensor as tensor_module
-from checks import corrupt
+from checks import corrupt, outcome
 
 NEURON = "neuron"
 
@@ -77,14 +77,6 @@ def test_module_hooks_returning_too_many_gradients(device):
             m(torch.randn(4, 3, device=device, requires_grad=True)).sum().backward()
 
 
-def _outcome_of_backward(device, program):
-    try:
-        program(device)
-    except Exception as e:  # noqa: BLE001
-        return type(e), str(e)
-    return None
-
-
 def _legacy_hook_raises(device):
     m = torch.nn.Linear(3, 3).to(device)
     m.register_backward_hook(lambda *a: (_ for _ in ()).throw(ValueError("legacy")))
@@ -123,9 +115,9 @@ def _warning_as_error_in_a_module_hook(device):
     _warning_as_error_in_a_module_hook], ids=lambda f: getattr(f, "__name__", "returns"))
 def test_hook_errors_and_refused_results_raise_as_on_cpu(program):
     # each aborted the process on neuron (Note [Hook errors in backward])
-    want = _outcome_of_backward("cpu", program)
+    want = outcome(program, "cpu")
     assert want is not None
-    assert _outcome_of_backward(NEURON, program) == want
+    assert outcome(program, NEURON) == want
 
 
 def test_hooks_that_do_not_raise_still_change_gradients():

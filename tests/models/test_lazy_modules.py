@@ -1,5 +1,5 @@
 """Lazy modules moved to neuron before their first forward (Note [Lazy modules on the
-device] in ops/_compat.py)."""
+device] in ops/_compat_modules.py)."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""Weight tying survives Module.to (Note [Parameters keep their identity] in ops/_compat.py)."""
+"""Weight tying survives Module.to (Note [Parameters keep their identity] in ops/_compat_modules.py)."""
 import pytest
 import torch
 
@@ -88,7 +88,7 @@ def test_other_devices_conversions_are_left_to_torch():
 def test_a_parameter_held_by_a_saved_graph_moves_with_a_warning():
     lstm = torch.nn.LSTM(4, 3)
     out, _ = lstm(torch.randn(2, 1, 4))  # the graph holds the CPU weights
-    neuron_eager.ops._compat._identity_warned = False
+    neuron_eager.ops._compat_modules._identity_warned = False
     with pytest.warns(UserWarning, match="build optimizers after moving the model"):
         lstm.to(N)
     assert all(p.device.type == "neuron" for p in lstm.parameters())
@@ -101,7 +101,7 @@ def test_a_model_profiled_on_the_cpu_moves_and_runs():
     lin = torch.nn.Linear(8, 8)
     with torch.profiler.profile(record_shapes=True):
         lin(torch.randn(2, 8))
-    neuron_eager.ops._compat._identity_warned = False
+    neuron_eager.ops._compat_modules._identity_warned = False
     with pytest.warns(UserWarning, match="build optimizers after moving the model"):
         lin.to(N)
     x = torch.randn(2, 8)
