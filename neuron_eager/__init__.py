@@ -39,6 +39,7 @@ _compat_modules.install_tied_parameters_shim()
 _compat_modules.install_torchscript_shim()  # (Note [TorchScript on neuron])
 _compat.refuse_bare_storages()  # (Note [No bare neuron storages])
 _compat.install_compile_shim()
+_compat.install_control_flow_shim()  # (Note [Control flow ops in eager])
 _compat.install_backward_errors(backward_errors)
 serialization.install()  # torch.load(..., map_location="neuron")
 profiler.install()  # torch.profiler shows neuron kernels with their simulated device time

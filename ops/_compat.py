@@ -247,6 +247,59 @@ class _GuardedNode:
         return getattr(self._node, name)
 
 
+# Note [Control flow ops in eager]
+# torch.cond and torch._higher_order_ops.while_loop, called outside torch.compile/export, run
+# their operator through Dynamo with fullgraph=True, which cannot hold an op on a neuron
+# tensor (Note [torch.compile] in ops/tensor.py): they failed in eager. With a neuron tensor
+# among the predicate and operands, eager runs them as their documentation spells them out:
+# the branch the predicate picks (torch's own eager answer for a Python bool predicate), or
+# the body while the condition holds. torch's input checks run first; whether the two
+# branches agree is checked where a graph is made (compile, export), as for a bool.
+def install_control_flow_shim() -> None:
+    import importlib
+
+    from torch.utils import _pytree as pytree
+
+    # (the package's `cond` and `while_loop` are the functions: the modules by their names)
+    cond_module = importlib.import_module("torch._higher_order_ops.cond")
+    loop_module = importlib.import_module("torch._higher_order_ops.while_loop")
+
+    cond, while_loop = cond_module.cond, loop_module.while_loop
+    if getattr(cond, "_neuron_wrapped", False):
+        return
+
+    def eager_with(*trees) -> bool:
+        return not (torch.compiler.is_dynamo_compiling() or torch.compiler.is_exporting()) \
+            and any(isinstance(t, torch.Tensor) and t.device.type == BACKEND
+                    for t in pytree.tree_leaves(trees))
+
+    @functools.wraps(cond)
+    def cond_in_eager(pred, true_fn, false_fn, operands=()):
+        if not eager_with(pred, operands):
+            return cond(pred, true_fn, false_fn, operands)
+        if isinstance(pred, torch.Tensor) and pred.numel() != 1:
+            raise RuntimeError(f"Expected pred to be bool or single-element tensor, but got "
+                               f"{pred}.")
+        if not callable(true_fn) or not callable(false_fn):
+            raise RuntimeError("Expect both branches to be callable.")
+        return (true_fn if bool(pred) else false_fn)(*operands)
+
+    @functools.wraps(while_loop)
+    def while_loop_in_eager(cond_fn, body_fn, carried_inputs):
+        if not eager_with(carried_inputs):
+            return while_loop(cond_fn, body_fn, carried_inputs)
+        carried = tuple(carried_inputs)
+        while bool(cond_fn(*carried)):
+            carried = tuple(body_fn(*carried))
+        return carried
+
+    cond_in_eager._neuron_wrapped = True
+    torch.cond = cond_module.cond = cond_in_eager
+    loop_module.while_loop = while_loop_in_eager
+    if getattr(torch._higher_order_ops, "while_loop", None) is while_loop:
+        torch._higher_order_ops.while_loop = while_loop_in_eager
+
+
 def install_compile_shim() -> None:
     """Send torch.compile's graphs that touch neuron tensors around Inductor (Note [Compiled
     graphs on neuron]); Inductor is not imported until torch.compile runs."""

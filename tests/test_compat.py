@@ -285,3 +285,23 @@ def test_jit_trace_records_the_users_ops_not_the_devices():
         traced = torch.jit.trace(loss, x.to("neuron"), check_trace=False)
     torch.testing.assert_close(traced(x.to("neuron")).cpu(), loss(x))
     assert not [w for w in caught if "neuron_eager" in w.filename or "/ops/" in w.filename]
+
+
+def test_control_flow_ops_run_in_eager_on_neuron():
+    # Note [Control flow ops in eager]: they ran through Dynamo with fullgraph=True and failed
+    from torch._higher_order_ops import while_loop
+
+    results = {}
+    for device in ("cpu", "neuron"):
+        x = torch.linspace(-1, 2, 6, device=device, requires_grad=True)
+        picked = [torch.cond(x.sum() > threshold, lambda t: t.sin(), lambda t: t.cos(), (x,))
+                  for threshold in (0.0, 100.0)]
+        sum(p.sum() for p in picked).backward()
+        count, value = while_loop(lambda i, v: i.sum() < 5, lambda i, v: (i + 1, v * 2),
+                                  (torch.zeros(1, device=device), torch.ones(3, device=device)))
+        results[device] = [t.detach().cpu() for t in (*picked, x.grad, count, value)]
+    for got, want in zip(results["neuron"], results["cpu"]):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(RuntimeError, match="single-element tensor"):
+        torch.cond(torch.ones(2, device="neuron") > 0, lambda t: t, lambda t: t,
+                   (torch.ones(1, device="neuron"),))
