@@ -670,8 +670,9 @@ def _var(op, x, dim, correction, keepdim, take_sqrt, with_mean):
     n = x.numel() // max(var.numel(), 1)
     correction = 1 if correction is None else correction
     dof = np.float32(max(0, n - correction))
-    if dof == 0 and not with_mean:  # the CPU's warning (its var_mean/std_mean give none)
-        warn_at_user_line(f"{'std' if take_sqrt else 'var'}(): degrees of freedom is <= 0. "
+    if dof == 0:  # the CPU's warning
+        name = ("std" if take_sqrt else "var") + ("_mean" if with_mean else "")
+        warn_at_user_line(f"{name}(): degrees of freedom is <= 0. "
                           f"Correction should be strictly less than the reduction factor "
                           f"(input numel divided by output numel).")
     launch(kernel("var", x.dtype, x.dtype, "f32", op), x, dims, [var, mean], dof, take_sqrt)
