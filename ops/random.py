@@ -60,6 +60,15 @@ def uniform01(word):
 
 
 @njit(inline="always")
+def uniform01_inside(word):
+    """A float32 in (0, 1), never 0 or 1: the midpoints of 2**23 equal steps, from the top 23
+    bits of a random word (with 24, k + 0.5 rounds to an integer in fp32 above 2**23, and the
+    last step to 1.0). -log of it is positive: an exponential draw of 0 would win every
+    exponential race (CUDA guards against it too)."""
+    return (np.float32(word >> np.uint32(9)) + np.float32(0.5)) * np.float32(2.0 ** -23)
+
+
+@njit(inline="always")
 def uniform01_open(word):
     """A float32 in (0, 1] from the top 24 bits of a random word (its log is finite)."""
     return (np.float32(word >> np.uint32(8)) + np.float32(1)) * np.float32(5.9604644775390625e-08)

@@ -22,7 +22,8 @@ from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import honours_device
 from neuron_eager.ops.fastmath import cos_f32, log_f32
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.random import default_generator, philox, uniform01, uniform01_open
+from neuron_eager.ops.random import (default_generator, philox, uniform01, uniform01_inside,
+                                     uniform01_open)
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.meta import meta_run
 
@@ -48,14 +49,13 @@ def normal01(w0, w1):
 _TRANSFORMS = {
     "uniform": njit(inline="always")(lambda w0, w1, a, b: a + (b - a) * uniform01(w0)),
     "normal": njit(inline="always")(lambda w0, w1, a, b: a + b * normal01(w0, w1)),
-    "exponential": njit(inline="always")(
-        lambda w0, w1, a, b: -np.log(_F32(1) - uniform01(w0)) / a),
+    "exponential": njit(inline="always")(  # (u in (0, 1): every draw is > 0)
+        lambda w0, w1, a, b: -np.log(uniform01_inside(w0)) / a),
     "bernoulli": njit(inline="always")(
         lambda w0, w1, a, b: _F32(1) if uniform01(w0) < a else _F32(0)),
     # u in (0, 1) so the log is finite and every draw is >= 1; b = log1p(-p) from the host
     "geometric": njit(inline="always")(
-        lambda w0, w1, a, b: np.ceil(np.log((_F32(w0 >> np.uint32(8)) + _F32(0.5))
-                                            * _F32(5.9604644775390625e-08)) / b)),
+        lambda w0, w1, a, b: np.ceil(np.log(uniform01_inside(w0)) / b)),
     "cauchy": njit(inline="always")(
         lambda w0, w1, a, b: a + b * np.tan(_F32(np.pi) * (uniform01(w0) - _F32(0.5)))),
     "log_normal": njit(inline="always")(lambda w0, w1, a, b: np.exp(a + b * normal01(w0, w1))),
@@ -301,8 +301,14 @@ def _normal(op, mean, std, generator):
             raise RuntimeError("normal expects all elements of std >= 0.0")
     elif std < 0:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+    # (two tensors: the CPU draws into empty_like(mean) and scales it in place, so the
+    # result has the mean's dtype, which must be a float type)
+    dtype = mean.dtype if op is aten.normal.Tensor_Tensor else meta.dtype
+    if not dtype.is_floating_point:
+        raise NotImplementedError(f'"normal_kernel_cpu" not implemented for '
+                                  f"'{T.dtype_name(dtype)}'")
     z = fill_random(T.empty(meta.shape, torch.float32), "normal", 0.0, 1.0)
-    return E.run(_AFFINE, [z, mean, std], out=T.empty(meta.shape, meta.dtype))
+    return E.run(_AFFINE, [z, mean, std], out=T.empty(meta.shape, dtype))
 
 
 @register(aten.normal.Tensor_float)
@@ -605,7 +611,7 @@ def _multinomial_once(out, probs, key, counter):
     for r in range(rows):
         for c in range(k):
             w0, _ = philox(counter + np.uint64(r * k + c), key)
-            e = -np.log(_F32(1) - uniform01(w0))
+            e = -np.log(uniform01_inside(w0))  # (> 0: a 0 would beat any probability)
             keys[c] = e / probs[r, c] if probs[r, c] > 0 else np.inf
         order = np.argsort(keys, kind="mergesort")
         for s in range(n):

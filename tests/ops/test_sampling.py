@@ -360,3 +360,39 @@ def test_rsample_backward_runs_on_the_device():
     x.sum().backward()
     want = torch._standard_gamma_grad(conc.detach().cpu().expand(4, 3), x.detach().cpu()).sum(0)
     torch.testing.assert_close(conc.grad.cpu(), want)
+
+
+def test_exponential_and_race_draws_are_never_zero():
+    # a 0 from -log(1 - u) at u = 0 (one draw in 2**24) won multinomial's exponential race for
+    # a category of probability 1e-26 (~0.5% of sampled tokens over 50,000 of them) and made
+    # gumbel_softmax's noise infinite
+    import numpy as np
+
+    from neuron_eager.ops.random import uniform01_inside
+    from neuron_eager.ops.sampling import _TRANSFORMS
+
+    for word in (0, 255, 256, 511, 2 ** 31, 2 ** 32 - 512, 2 ** 32 - 1):
+        u = uniform01_inside(np.uint32(word))
+        assert 0 < u < 1
+        assert _TRANSFORMS["exponential"](np.uint32(word), np.uint32(0), np.float32(1),
+                                          np.float32(0)) > 0
+        assert _TRANSFORMS["geometric"](np.uint32(word), np.uint32(0), np.float32(0.5),
+                                        np.float32(math.log1p(-0.5))) >= 1
+    probs = torch.full((3, 50_000), 1e-26)
+    probs[:, 7] = 1.0
+    torch.neuron.manual_seed(0)
+    assert (torch.multinomial(probs.to(NEURON), 1).cpu() == 7).all()
+
+
+@pytest.mark.parametrize("mean_dtype,std_dtype", [(torch.bfloat16, torch.float32),
+                                                  (torch.float32, torch.float64),
+                                                  (torch.int64, torch.float32)])
+def test_normal_of_two_tensors_takes_the_means_dtype(mean_dtype, std_dtype):
+    mean, std = torch.zeros(4, dtype=mean_dtype), torch.ones(4, dtype=std_dtype)
+    try:
+        want = torch.normal(mean, std).dtype
+    except NotImplementedError as e:
+        with pytest.raises(NotImplementedError, match=str(e).replace('"', '.')):
+            torch.normal(mean.to(NEURON), std.to(NEURON))
+        return
+    assert torch.normal(mean.to(NEURON), std.to(NEURON)).dtype == want
