@@ -21,8 +21,8 @@ Values are the per-step path's up to the order of fp32 sums (a weight gradient i
 product over all steps, not a sum of per-step products). The per-step path stays for what
 this does not cover: 16-bit layers and autocast (they round after every op, as the CPU's
 own cell does; with oneDNN on, the CPU's bf16 LSTM runs a fused cell in fp32 instead, about
-1.7x closer to float64 than either). The backward is not differentiable: a second derivative through an RNN layer raises
-(Note [No second derivative]).
+1.7x closer to float64 than either). The backward is not differentiable: a second
+derivative through an RNN layer raises (Note [No second derivative]).
 
 Note [Dropout between layers]
 While training with dropout, each layer's output but the last goes through aten.dropout,

@@ -1,4 +1,5 @@
-"""Weight tying survives Module.to (Note [Parameters keep their identity] in ops/_compat_modules.py)."""
+"""Weight tying survives Module.to (Note [Parameters keep their identity] in
+ops/_compat_modules.py)."""
 import pytest
 import torch
 
