@@ -14,7 +14,6 @@ import torch
 from neuron_eager.device_sim import config
 from neuron_eager.ops import _compat, _compat_modules, backward_errors, jit, router
 from neuron_eager.ops.tensor import NO_DLPACK, NOT_SHARED, NeuronOutOfMemoryError, NeuronTensor
-from neuron_eager.ops.tensor import user_state
 
 import neuron_eager.ops  # noqa: E402,F401  (fills the op table)
 import neuron_eager.autocast  # noqa: E402,F401  (autocast kernels on AutocastPrivateUse1)
@@ -32,7 +31,7 @@ _compat.install_accelerator_functions(_device.ACCELERATOR_FUNCTIONS)
 _compat.install_pinned_memory_shim()
 _compat_modules.install_data_parallel_shim()  # (Note [DataParallel on one NeuronCore])
 _compat_modules.install_cross_device_data_setter(  # (Note [Setting .data across devices])
-    lambda t, new: isinstance(new, NeuronTensor) and not isinstance(t, NeuronTensor), user_state)
+    lambda t, new: isinstance(new, NeuronTensor) and not isinstance(t, NeuronTensor))
 _compat.refuse_process_sharing(NeuronTensor, NOT_SHARED)
 _compat.refuse_dlpack_export(NeuronTensor, NO_DLPACK)
 _compat_modules.install_tied_parameters_shim()

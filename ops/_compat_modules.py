@@ -42,8 +42,7 @@ def install_data_parallel_shim() -> None:
     def gather_by_moving(tensors, dim=0, destination=None, *, out=None):
         if out is not None:
             return gather(tensors, dim, destination, out=out)
-        if destination == -1 or destination == "cpu" or getattr(destination, "type", "") == \
-                "cpu":
+        if destination == -1 or str(destination) == "cpu":
             destination = torch.device("cpu")
         else:
             index = device_index(destination, True, optional=True)
@@ -60,41 +59,44 @@ def install_data_parallel_shim() -> None:
 # tensor type"), so such a move swaps the tensor's contents with a replacement instead
 # (torch.utils.swap_tensors, as Module.to does): the object keeps its identity, requires_grad,
 # Parameter kind and user attributes, and a .grad moves along to stay usable.
-def install_cross_device_data_setter(crosses, user_state) -> None:
+def install_cross_device_data_setter(crosses) -> None:
     """`torch.Tensor.data = new` swaps where `crosses(t, new)` (a neuron tensor on one side
-    only); `user_state(t)` is the attributes of t that are the user's."""
+    only)."""
     base = torch._C.TensorBase.data
     if getattr(torch.Tensor.__dict__.get("data"), "fset", None) is not None:
         return
 
     def set_data(t, new):
         if crosses(t, new):
-            move_data(t, new, user_state)
+            move_data(t, new)
         else:
             base.__set__(t, new)
 
     torch.Tensor.data = property(base.__get__, set_data, doc=base.__doc__)
 
 
-def move_data(t, new, user_state) -> None:
+def move_data(t, new) -> None:
     """`t.data = new` for a `new` on another kind of device (Note [Setting .data across
-    devices])."""
+    devices]); its hooks and attributes go back on `t` as after Module.to's swaps."""
+    from neuron_eager.ops.tensor import user_state
+
     replacement = new.detach()
     if isinstance(t, torch.nn.Parameter) or getattr(t, "_is_param", False):
         replacement = torch.nn.Parameter(replacement, requires_grad=t.requires_grad)
     elif t.requires_grad and t.is_leaf:
         replacement.requires_grad_()
     grad = t.grad if t.is_leaf else None
-    if grad is not None:
-        replacement.grad = grad.detach().to(new.device, new.dtype) \
-            if grad.shape == new.shape else None
-    replacement.__dict__.update(user_state(t))
+    if grad is not None and grad.shape == new.shape:
+        replacement.grad = grad.detach().to(new.device, new.dtype)
+    pre, post = t._backward_hooks, getattr(t, "_post_accumulate_grad_hooks", None)
+    attributes = user_state(t)
     try:
         torch.utils.swap_tensors(t, replacement)
     except RuntimeError as e:
         raise RuntimeError(f"cannot set .data of a {t.device} tensor to a {new.device} "
                            f"tensor: {e} (make the tensor on {new.device} instead, or move "
                            f"the module with .to())") from None
+    _restore_user_state(t, pre, post, attributes)
 
 
 # Note [Parameters keep their identity]
@@ -178,7 +180,8 @@ def install_tied_parameters_shim() -> None:
     _plain_apply = torch.nn.Module._apply
 
     def _apply(self, fn, recurse=True):
-        _parameters_of_loaded_script_modules(self)
+        if isinstance(self, torch.jit.RecursiveScriptModule):  # (each child: its own _apply)
+            _parameters_as_parameters(self)
         if not recurse:
             return _plain_apply(self, fn, recurse)
         before = [(m, name, p) for m in self.modules() for name, p in m._parameters.items()
@@ -228,14 +231,12 @@ def install_tied_parameters_shim() -> None:
 # loads onto the CPU and moves the module (the C++ loader made tensors Python could not
 # run), and torch.jit.save writes a CPU copy of a module holding neuron tensors (C++ cannot
 # read them): load it with map_location="neuron" again.
-def _parameters_of_loaded_script_modules(module) -> None:
-    for m in module.modules():
-        if isinstance(m, torch.jit.RecursiveScriptModule):
-            table = m._parameters
-            for name in list(table.keys()):
-                p = table[name]
-                if p is not None and not isinstance(p, torch.nn.Parameter):
-                    table[name] = torch.nn.Parameter(p, requires_grad=p.requires_grad)
+def _parameters_as_parameters(script_module) -> None:
+    table = script_module._parameters
+    for name in list(table.keys()):
+        p = table[name]
+        if p is not None and not isinstance(p, torch.nn.Parameter):
+            table[name] = torch.nn.Parameter(p, requires_grad=p.requires_grad)
 
 
 def install_torchscript_shim() -> None:

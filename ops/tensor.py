@@ -350,7 +350,7 @@ class NeuronTensor(torch.Tensor):
         # the memory behind it lives in our attributes, so they follow.
         storage = new._storage if type(new) is NeuronTensor else None  # computed first
         if storage is None and isinstance(new, torch.Tensor) and new.device.type != DEVICE.type:
-            return _compat_modules.move_data(self, new, user_state)  # as CUDA's, to another device
+            return _compat_modules.move_data(self, new)  # as CUDA's, to another device
         _TENSOR_DATA.__set__(self, new)
         if storage is not None:
             self.__dict__.pop("_node", None)

@@ -48,6 +48,8 @@ def test_data_assignment_across_devices_moves_the_tensor_as_on_cuda():
     reference = copy.deepcopy((model, optimizer))  # (deepcopy keeps the optimizer's params)
     weight = model.weight
     weight.tag = "decay"
+    seen = []
+    weight.register_hook(lambda g: seen.append(g.device.type))
     for p in model.parameters():
         p.data = p.data.to(N)
     _move_optimizer_state(optimizer, N)
@@ -63,6 +65,7 @@ def test_data_assignment_across_devices_moves_the_tensor_as_on_cuda():
             opt.step()
     for got, want in zip(model.parameters(), ref_model.parameters()):
         torch.testing.assert_close(got.detach().cpu(), want.detach())
+    assert seen == ["neuron", "neuron"]  # (its hook stayed on it)
     for p in model.parameters():  # and back, as `optimizer_to(optimizer, "cpu")` does
         p.data = p.data.cpu()
     _move_optimizer_state(optimizer, "cpu")
