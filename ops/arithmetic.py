@@ -171,7 +171,7 @@ def _rounded(operands, values=()) -> tuple:
         return operands, values
 
     def cast(v):
-        return _reduced(v, dtype) if _is_number(v) else v
+        return numerics.reduced_scalar(v, dtype) if _is_number(v) else v
 
     return tuple([cast(v) for v in operands]), [cast(v) for v in values]
 
@@ -179,24 +179,6 @@ def _rounded(operands, values=()) -> tuple:
 def _is_number(v) -> bool:
     """A Python float, or an int the CPU rounds the same way (bf16 + 257 adds 256)."""
     return type(v) is float or (type(v) is int and -(1 << 63) <= v < 1 << 63)
-
-
-_reduced_values: dict = {}  # (dtype, value, its sign) -> the value rounded to dtype
-
-
-def _reduced(v: float, dtype: torch.dtype) -> float:
-    """`v` rounded to bf16/fp16 through float32, as the CPU rounds it (a CPU op: several
-    microseconds, so the values an optimizer or schedule passes again are remembered)."""
-    key = (dtype, v, math.copysign(1.0, v))  # (-0.0 == 0.0 as a key; NaNs never match)
-    r = _reduced_values.get(key)
-    if r is None:
-        with np.errstate(over="ignore"):  # (beyond float32: inf, as the CPU's cast)
-            r = torch.tensor(np.float32(v)).to(dtype).item()
-        if v == v:
-            if len(_reduced_values) >= 4096:
-                _reduced_values.clear()
-            _reduced_values[key] = r
-    return r
 
 
 # -- binary arithmetic -------------------------------------------------------------------
@@ -295,7 +277,7 @@ define("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar], [aten.mul_
 def dtype_rounded(x, other):
     """`other`, a Python number, rounded to x's dtype when that is bf16/fp16 (else as is)."""
     if isinstance(x, torch.Tensor) and x.dtype in _REDUCED and _is_number(other):
-        return _reduced(other, x.dtype)
+        return numerics.reduced_scalar(other, x.dtype)
     return other
 
 

@@ -171,7 +171,9 @@ def _linspace_into(out, start, end, steps) -> None:
     numerics.check_fits(end, dtype)
     code = numerics.CODE[dtype]
     if code in ("bf16", "f16"):
-        rnd = _host_rounder(dtype)
+        def rnd(v):
+            return np.float32(numerics.reduced_scalar(float(v), dtype))
+
         start, end = rnd(start), rnd(end)
         step = rnd(rnd(end - start) / rnd(steps - 1))
         _linspace_16bit(code)(out._nd, start, end, step)
@@ -181,23 +183,13 @@ def _linspace_into(out, start, end, steps) -> None:
         step = np.float32(end - start) / np.float32(steps - 1)
     else:
         if not dtype.is_floating_point:  # (a float truncates toward zero; an integer wraps
-            bits = torch.iinfo(dtype).bits  # into an unsigned type)
-            start, end = (_wrap(int(v), dtype, bits) for v in (start, end))
+            wrap = numerics.scalar_cast("int", dtype)  # into an unsigned type)
+            start, end = (int(wrap(int(v))) for v in (start, end))
             if dtype == torch.int64:
                 C.warn_int64_range(start, end)
         start, end = float(start), float(end)
         step = (end - start) / (steps - 1)
     _storer64(code)[1](out._nd, start, end, step)
-
-
-def _wrap(v: int, dtype, bits: int) -> int:
-    return v % (1 << bits) if not dtype.is_signed else v
-
-
-def _host_rounder(dtype):
-    """Python number -> its bf16 or fp16 value as an np.float32, rounded through fp32 as
-    c10 converts it."""
-    return lambda v: np.float32(torch.tensor(np.float32(v)).to(dtype).item())
 
 
 _LINSPACE16: dict = {}

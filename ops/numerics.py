@@ -459,6 +459,25 @@ def encode_scalar(value, dtype: torch.dtype):
 _encoded: dict = {}  # (type, value, dtype[, sign]) -> stored form (fills repeat a few values)
 
 
+def reduced_scalar(v: float, dtype: torch.dtype) -> float:
+    """`v` rounded to bf16/fp16 through float32, as the CPU rounds a Python number for such a
+    dtype (a CPU op: several microseconds, so the values an optimizer or schedule passes
+    again are remembered)."""
+    key = (dtype, v, math.copysign(1.0, v))  # (-0.0 == 0.0 as a key; NaNs never match)
+    r = _reduced_values.get(key)
+    if r is None:
+        with np.errstate(over="ignore"):  # (beyond float32: inf, as the CPU's cast)
+            r = torch.tensor(np.float32(v)).to(dtype).item()
+        if v == v:
+            if len(_reduced_values) >= 4096:
+                _reduced_values.clear()
+            _reduced_values[key] = r
+    return r
+
+
+_reduced_values: dict = {}  # (dtype, value, its sign) -> the value rounded to dtype
+
+
 def _to_f32(value, _f32=np.float32):
     """A Python scalar as an fp32 kernel argument; one past fp32's range is +-inf, as the CPU
     casts it, without NumPy's overflow warning."""
