@@ -224,7 +224,7 @@ class CachingAllocator:
                                 ["active"] if metric == "allocation" else [])
             for name in names:
                 for pool, row in rows.items():
-                    for field, value in zip(("current", "peak", "allocated", "freed"), row):
+                    for field, value in zip(_STAT_FIELDS, row):
                         out[f"{name}.{pool}.{field}"] = value
         for k, metric in enumerate(("reserved_bytes", "segment")):
             rows = {}
@@ -237,7 +237,7 @@ class CachingAllocator:
                            self._reserved_peak_all if k == 0 else self._segment_peak_all,
                            large[2] + small[2], large[3] + small[3]]
             for pool, row in rows.items():
-                for field, value in zip(("current", "peak", "allocated", "freed"), row):
+                for field, value in zip(_STAT_FIELDS, row):
                     out[f"{metric}.{pool}.{field}"] = value
         # CUDA's keys that stay zero here: no block is ever split or oversize
         for name in ("inactive_split", "inactive_split_bytes"):

@@ -99,8 +99,7 @@ def set_device(device) -> None:
 
 @contextlib.contextmanager
 def device(device):
-    if not (isinstance(device, int) and device < 0):
-        _index(device)
+    set_device(device)  # (one device: nothing to restore after the block)
     yield
 
 
@@ -321,11 +320,6 @@ def _capability(device=None) -> dict:
     return {"supported_dtypes": set(_tensor.STORAGE_DTYPE)}
 
 
-def _set_device_index(device) -> None:
-    if not (isinstance(device, int) and device < 0):  # torch: a negative index is a no-op
-        set_device(device)
-
-
 def _set_stream(stream) -> None:
     if not isinstance(stream, Stream):
         raise TypeError(f"torch.accelerator.set_stream on neuron takes a torch.neuron.Stream "
@@ -340,5 +334,5 @@ ACCELERATOR_FUNCTIONS = dict(
     synchronize=synchronize, memory_stats=memory_stats, empty_cache=empty_cache,
     empty_host_cache=_empty_host_cache, reset_peak_memory_stats=reset_peak_memory_stats,
     reset_accumulated_memory_stats=reset_accumulated_memory_stats, get_memory_info=mem_get_info,
-    get_device_capability=_capability, set_device_index=_set_device_index,
+    get_device_capability=_capability, set_device_index=set_device,
     current_stream=current_stream, set_stream=_set_stream)

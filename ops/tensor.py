@@ -467,7 +467,6 @@ def _dispatch_not_ready(func, args, kwargs):
 _dispatcher = _dispatch_not_ready
 
 
-
 # Note [Subclasses of neuron tensors]
 # `t.as_subclass(Image)` (torchvision's tv_tensors, any Tensor subclass that only overrides
 # __torch_function__) makes torch alias `t` and give the alias the class Image. A neuron
