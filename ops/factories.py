@@ -332,7 +332,7 @@ def _copy_(dst, src, non_blocking=False):
     return C.copy_(dst, src)
 
 
-def _on_device_zero(factory):
+def on_device_zero(factory):
     """`factory`, refusing neuron:k for k > 0 (torch dispatches any index here)."""
     def run(*args, **kwargs):
         device = kwargs.get("device")
@@ -358,4 +358,4 @@ for _name, _fn in [
     ("_local_scalar_dense", _local_scalar_dense),
     ("_copy_from", _copy_from), ("copy_", _copy_),
 ]:
-    _lib.impl(_name, _on_device_zero(_fn), "PrivateUse1")
+    _lib.impl(_name, on_device_zero(_fn), "PrivateUse1")

@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 from neuron_eager.device_sim import core
-from neuron_eager.ops import _compat
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import honours_device
+from neuron_eager.ops.factories import on_device_zero
 from neuron_eager.ops.fastmath import cos_f32, log_f32
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.random import (default_generator, philox, uniform01, uniform01_inside,
@@ -564,16 +564,13 @@ def randperm_out(n, *, out):
 
 
 def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
-    if device is not None:
-        T.check_device_index(torch.device(device))
     check_generator(generator)
     return randperm_into(T.empty(T.requested_shape((n,)), dtype or torch.int64), n)
 
 
 _lib = torch.library.Library("aten", "IMPL")
-_lib.impl("randperm", randperm, "PrivateUse1")
-_lib.impl("randperm.generator", randperm, "PrivateUse1")
-_compat.keep_dynamo_out(randperm)  # (called from C++ while a compiled graph runs)
+_lib.impl("randperm", on_device_zero(randperm), "PrivateUse1")  # (factories' checks)
+_lib.impl("randperm.generator", on_device_zero(randperm), "PrivateUse1")
 
 
 @njit(**_JIT)
