@@ -105,6 +105,8 @@ def copy_(dst, src, non_blocking=False):
     if not isinstance(src, torch.Tensor):  # x.copy_(2): the number as a host 0-dim tensor
         src = torch.tensor(src)
     if isinstance(dst, NeuronTensor):
+        if _same_data(dst, src):  # (the CPU returns first: no overlap error, nothing to do)
+            return dst
         overlap.check_no_internal_overlap(dst)
         if isinstance(src, NeuronTensor):
             if src.shape != dst.shape:
@@ -129,6 +131,13 @@ def copy_(dst, src, non_blocking=False):
     # device -> host
     dst.copy_(device_to_host(src, dst.dtype if dst.dtype in T.STORAGE_DTYPE else None))
     return dst
+
+
+def _same_data(dst, src) -> bool:
+    return src is dst or (type(src) is NeuronTensor and src._storage is dst._storage
+                          and src.dtype == dst.dtype and src.shape == dst.shape
+                          and src.storage_offset() == dst.storage_offset()
+                          and src.stride() == dst.stride())
 
 
 def _check_copy_shapes(dst, src) -> None:
@@ -371,6 +380,8 @@ def fill_tensor_(x, value):
     if value.dim() != 0:
         raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with "
                            f"{value.dim()} dimensions.")
+    if isinstance(value, NeuronTensor):  # (the CPU copies a same-device value: its check)
+        overlap.check_no_internal_overlap(x)
     if x.dtype.is_floating_point and value.dtype.is_floating_point:
         value = value.to(x.dtype)  # (a tensor's value is cast, not range-checked: fp16 inf)
     return fill(x, value.item())

@@ -411,6 +411,8 @@ def check_index_func(func: str, x, dim, index, source) -> None:
                          f"with dim {source.dim()}")
     count = 1 if source.dim() == 0 else source.shape[dim]
     if index.numel() != count:
+        if source.dim() == 0:  # (the CPU's message asks a scalar for its size, which raises)
+            raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
         raise RuntimeError(f"{func}(): Number of indices ({index.numel()}) should be equal to "
                            f"source.size(dim): ({count}), for dim: {dim}")
     xs, ss = list(x.shape), list(source.shape)

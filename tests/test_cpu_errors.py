@@ -23,6 +23,13 @@ def _expanded(device):
 
 
 ERRORS = {
+    "fill_ of an expanded tensor with a neuron 0-dim value": lambda d: _expanded(d).fill_(
+        _t(d, 1.)),
+    "index_add_ of a scalar, two indices": lambda d: torch.zeros((), device=d).index_add_(
+        0, _t(d, [0, 0]), torch.ones((), device=d)),
+    "ctc_loss with more concatenated targets than their lengths": lambda d: F.ctc_loss(
+        torch.zeros(12, 2, 6, device=d).log_softmax(-1), torch.ones(9, dtype=torch.long,
+                                                                    device=d), [12, 10], [4, 3]),
     "index_select 2-D index": lambda d: torch.arange(5., device=d).index_select(
         0, _t(d, [[1, 2]])),
     "index_select float index": lambda d: torch.arange(5., device=d).index_select(
@@ -425,6 +432,9 @@ VALUES = {
     "float16 x[i] = 70000 and full((1,), 70000) store inf": lambda d: torch.cat([
         _setitem(torch.zeros(2, dtype=torch.half, device=d), 0, lambda x: 70000),
         torch.full((1,), 70000, dtype=torch.half, device=d)]),
+    "copy_ between views of the same memory (the CPU returns first)": lambda d: (
+        lambda x: torch.stack([x[1:].copy_(x[:-1]), x.copy_(x)[1:]]))(
+        torch.arange(3., device=d).expand(3, 3)),
     "is_set_to": lambda d: (lambda x: torch.tensor([x.is_set_to(x), x.is_set_to(x[:]),
                                                     x.is_set_to(x[1:]), x.is_set_to(x.t())]))(
         torch.ones(3, 3, device=d)),
