@@ -24,7 +24,6 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from neuron_eager.ops import backward_errors
 from neuron_eager.ops.sourceline import user_frame
 
 # (rtol, atol as a fraction of the output's largest magnitude) per floating dtype: our fp32
@@ -94,17 +93,12 @@ class check_ops(TorchDispatchMode):
             self._lines.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        try:
-            out = self._check(func, args, kwargs or {})
-            if self.raise_first and len(self.findings) > self._raised:
-                self._raised = len(self.findings)
-                # raised here, so pdb's post-mortem opens where `func`, `args` and `out` are
-                raise OpMismatch(self.findings[-1])
-            return out
-        except Exception as e:  # (Note [Errors on autograd's thread] in ops/backward_errors.py)
-            if backward_errors.in_backward():
-                return backward_errors.carry(e, func)
-            raise
+        out = self._check(func, args, kwargs or {})
+        if self.raise_first and len(self.findings) > self._raised:
+            self._raised = len(self.findings)
+            # raised here, so pdb's post-mortem opens where `func`, `args` and `out` are
+            raise OpMismatch(self.findings[-1])
+        return out
 
     def _check(self, func, args, kwargs):
         if not _on_neuron(args, kwargs) or func.__name__.startswith(_UNCOMPARED):

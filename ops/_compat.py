@@ -8,6 +8,7 @@ device misbehaving quietly.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 
 import torch
@@ -29,11 +30,32 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
+_PRIVATE_USE1 = torch._C._autograd.DeviceType.PrivateUse1
+_pending_error = ctypes.pythonapi.PyErr_Occurred  # (a PyDLL call: raises what is pending)
+_pending_error.argtypes, _pending_error.restype = [], ctypes.c_void_p
+_keep_error = None  # backward_errors.keep, once backward's errors are installed
+
+
+# Note [An exception pending in the device guard]
+# Python code failing in backward on autograd's device thread (an op, a user's hook) leaves
+# its exception pending while the failed node's stream guard unwinds, and the guard's
+# destructor (noexcept) asks this guard for its device type: a Python call that cannot
+# succeed with an exception pending, so the process aborted (Note [Errors on autograd's
+# thread] in backward_errors.py). Asking CPython whether an exception is pending raises it
+# here (ctypes' PyDLL calls check): in backward it is kept for backward()'s wrapper and the
+# guard answers. One C call per guard call: ~0.2 us, ~450 calls in a small transformer's
+# training step (<1% of it).
 class _DeviceGuard(torch._C._acc.DeviceGuard):
     """Without a device guard, `.to('neuron')` and backward() fail inside C++."""
 
     def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+        try:
+            _pending_error()
+        except BaseException as e:
+            if _keep_error is None or torch._C._current_graph_task_id() == -1:
+                raise
+            _keep_error(e)
+        return _PRIVATE_USE1
 
 
 def rename_backend() -> None:
@@ -110,6 +132,10 @@ def host_side(fn):
                 return fn(*args, **kwargs)
         return fn(*args, **kwargs)
 
+    # Dynamo inlined printing and tolist() into a compiled graph (np.copyto on fake tensors
+    # failed): it breaks the graph at them, and runs them untraced (Note [torch.compile])
+    run._torchdynamo_disable = True
+    keep_dynamo_out(run)
     return run
 
 
@@ -147,11 +173,13 @@ def _touches(graph_module, inputs) -> bool:
 
 def install_backward_errors(errors) -> None:
     """Wrap torch's entry to the autograd engine (backward() and autograd.grad() call it):
-    an engine error naming an exception kept on autograd's thread raises that exception
-    instead, as does a hook's kept exception after a backward that finished (Notes [Errors
-    on autograd's thread], [Hook errors in backward] in backward_errors.py). Idempotent."""
+    when the engine fails for an exception kept on autograd's thread, raise that exception
+    (Note [Errors on autograd's thread] in backward_errors.py); check gradients' devices.
+    Idempotent."""
     import torch.autograd.graph as graph
 
+    global _keep_error
+    _keep_error = errors.keep  # (Note [An exception pending in the device guard])
     run = graph._engine_run_backward
     if getattr(run, "_neuron_wrapped", False):
         return
@@ -161,66 +189,21 @@ def install_backward_errors(errors) -> None:
         errors.wait_at_exit_after(args[0])
         since = errors.mark()
         try:
-            result = run(*args, **kwargs)
-        except (RuntimeError, TypeError) as e:  # (TypeError: an unpack hook's stand-in)
-            kept = errors.claim(e) or errors.claim_hook_error(since)
+            return run(*args, **kwargs)
+        except SystemError:  # ("returned NULL without setting an exception")
+            kept = errors.claim(since)
             if kept is None:
                 raise
             try:  # (this frame must not keep the error: its traceback holds the frame, a
                 raise kept.with_traceback(kept.__traceback__) from None  # cycle keeping
             finally:  # the failed step's tensors, and HBM, until the garbage collector ran)
                 kept = None
-        kept = errors.claim_hook_error(since)
-        if kept is not None:
-            try:
-                raise kept.with_traceback(kept.__traceback__)
-            finally:
-                kept = None
-        return result
 
     _engine_run_backward._neuron_wrapped = True
     keep_dynamo_out(_engine_run_backward)  # (a compiled step's backward would trace it, and
     # warn about the atexit call of Note [Exit after backward])
     graph._engine_run_backward = _engine_run_backward
     torch.autograd._engine_run_backward = _engine_run_backward  # (imported there by name)
-
-    # modules' backward hooks (register_full_backward_hook and _pre_hook) run in BackwardHook
-    hooks = torch.utils.hooks.BackwardHook
-    init = hooks.__init__
-
-    def __init__(self, module, user_hooks, user_pre_hooks):
-        init(self, module, [errors.guarded_module_hook(h, False) for h in user_hooks],
-             [errors.guarded_module_hook(h, True) for h in user_pre_hooks])
-
-    hooks.__init__ = __init__
-    apply_on_tensors = hooks._apply_on_tensors
-
-    def _apply_on_tensors(self, fn, args):  # (its own node hooks: a warning made an error by
-        return apply_on_tensors(self, lambda node: fn(_GuardedNode(node, errors)), args)
-    # the filters, one of its checks failing, raised in them too)
-    hooks._apply_on_tensors = _apply_on_tensors
-
-    # a module's legacy backward hooks, registered on the grad_fn of its output
-    module = torch.nn.Module
-    register_backward_hook = module.register_backward_hook
-
-    def register_legacy_hook(self, hook):
-        return register_backward_hook(self, errors.guarded_node_hook(hook, True))
-
-    module.register_backward_hook = functools.wraps(register_backward_hook)(
-        register_legacy_hook)
-    global_hook = torch.nn.modules.module.register_module_backward_hook
-    torch.nn.modules.module.register_module_backward_hook = functools.wraps(global_hook)(
-        lambda hook: global_hook(errors.guarded_node_hook(hook, True)))
-
-    # saved tensors' unpack hooks (torch.utils.checkpoint's recomputation runs in one)
-    saved = graph.saved_tensors_hooks
-    saved_init = saved.__init__
-
-    def saved_tensors_hooks_init(self, pack_hook, unpack_hook):
-        saved_init(self, pack_hook, errors.guarded_unpack(unpack_hook))
-
-    saved.__init__ = saved_tensors_hooks_init
 
     # custom autograd.Functions' backward: the engine's device check skips Python subclasses
     node = torch.autograd.function.BackwardCFunction
@@ -232,20 +215,6 @@ def install_backward_errors(errors) -> None:
         return result
 
     node.apply = apply
-
-
-class _GuardedNode:
-    """An autograd node whose register_hook guards the hook (Note [Hook errors in backward]);
-    torch's node types cannot be patched."""
-
-    def __init__(self, node, errors):
-        self._node, self._errors = node, errors
-
-    def register_hook(self, hook):
-        return self._node.register_hook(self._errors.guarded_node_hook(hook))
-
-    def __getattr__(self, name):
-        return getattr(self._node, name)
 
 
 # Note [Control flow ops in eager]

@@ -1,26 +1,26 @@
-"""Errors raised by neuron ops inside autograd's backward reach `backward()` intact.
+"""Errors raised inside autograd's backward on neuron reach `backward()` intact.
 
 Note [Errors on autograd's thread]
-Backward of neuron tensors runs on autograd's device thread, inside a stream guard whose
-methods call the Python device guard (ops/_compat.py). When `__torch_dispatch__` raises
-there, torch throws its C++ python_error without first saving the Python exception, and
-the guard's destructor calls into Python with the exception still pending: the process
-aborted ("terminate called without an active exception") or `backward()` raised
-SystemError ("returned NULL without setting an exception"), for an out-of-memory error,
-a kernel's refusal, or check_ops(raise_first=True) alike. So on that thread the dispatcher
-hands the exception to `carry`, which keeps it and returns a stand-in result that torch
-cannot convert: torch then raises a plain C++ error (nothing Python is pending while the
-guard unwinds), the engine carries it to the thread that called backward, and the wrapper
-of torch's backward entry point (_compat.install_backward_errors) raises the kept
-exception there, with its own type, message and traceback. Errors of user Python hooks
-in backward go through torch's same path and are not helped: torch's bug, not ours.
+Backward of neuron tensors runs on autograd's device thread, each node inside a stream
+guard whose methods call the Python device guard (ops/_compat.py). When Python code fails
+there (a neuron op: out of memory, a kernel's refusal, check_ops(raise_first=True); a
+user's hook of any kind: a tensor's, a module's, a grad_fn's own, a saved tensor's unpack
+hook, where torch.utils.checkpoint recomputes; or a hook's result torch refuses), torch
+throws its C++ python_error without first saving the Python exception, and the guard's
+destructor calls into Python with the exception still pending: the process aborted
+("terminate called without an active exception") or `backward()` raised SystemError
+("returned NULL without setting an exception"). Neither the node types nor torch's C++ can
+be patched, so the guard itself takes the pending exception and `keep`s it (Note [An
+exception pending in the device guard] in ops/_compat.py); the engine stops as the CPU's
+does, and the wrapper of torch's backward entry point (_compat.install_backward_errors)
+raises the kept exception with its own type, message and traceback in place of torch's
+SystemError. Python code inside backward (a custom Function's) sees an op's error as
+raised, as on the CPU.
 """
 from __future__ import annotations
 
 import atexit
-import functools
 import itertools
-import re
 import threading
 import time
 
@@ -30,160 +30,19 @@ _kept: dict[int, BaseException] = {}  # token -> exception raised on autograd's 
 _tokens = itertools.count(1)
 _lock = threading.Lock()
 KEEP = 64  # at most this many unclaimed (a backward whose error nobody caught)
-_TOKEN = re.compile(r"\[neuron backward error #(\d+)\]")
 
 
-def in_backward() -> bool:
-    """Whether this thread is running an autograd graph task (Note [Errors on autograd's
+def keep(error: BaseException) -> None:
+    """Keep `error`, raised on autograd's thread, for `claim` (Note [Errors on autograd's
     thread])."""
-    return torch._C._current_graph_task_id() != -1
-
-
-class _Carrier(tuple):
-    """A result torch refuses to convert, whose text names the kept exception: one element
-    (itself a carrier) so that ops returning several tensors refuse it with the same text."""
-
-    def __str__(self) -> str:
-        return self.text
-
-    __repr__ = __str__
-
-
-def carry(error: BaseException, func) -> _Carrier:
-    """Keep `error` and return what makes torch raise a C++ error naming it."""
     with _lock:
-        token = next(_tokens)
-        _kept[token] = error
+        _kept[next(_tokens)] = error
         while len(_kept) > KEEP:
             _kept.pop(next(iter(_kept)))
-    text = f"{type(error).__name__}: {error} (in {func}) [neuron backward error #{token}]"
-    inner = tuple.__new__(_Carrier, ())
-    inner.text = text
-    outer = tuple.__new__(_Carrier, (inner,))
-    outer.text = text
-    return outer
-
-
-def claim(error: BaseException) -> BaseException | None:
-    """The kept exception an error of torch's backward names, removed; None if none."""
-    match = _TOKEN.search(str(error))
-    if match is None:
-        return None
-    with _lock:
-        return _kept.pop(int(match.group(1)), None)
-
-
-# Note [Hook errors in backward]
-# A tensor or module hook that raises on autograd's thread aborts the process the same way
-# (torch calls it inside the same guards), and no result of the hook's own makes torch raise
-# cleanly. So hooks of neuron tensors and modules' backward hooks are wrapped: in backward,
-# with neuron gradients, an exception is kept and the hook returns None (the gradient
-# unchanged); backward runs to its end and the wrapper of its entry point raises the kept
-# exception there. Unlike the CPU, the rest of backward runs first (gradients of other
-# leaves accumulate). A saved tensor's unpack hook (torch.utils.checkpoint recomputes the
-# forward in one, and a neuron op failing there raises in it) must return a tensor, so it
-# returns a stand-in instead: torch refuses it with a TypeError of its own, which stops
-# backward at once, and the wrapper raises the kept exception in its place.
-# torch's checks of what a hook returned (a tuple where a tensor goes) raise the same way, so
-# the guards make them first, in torch's words. Guarded too: the node hooks BackwardHook
-# registers for full module hooks (a warning there, made an error by the filters, aborted)
-# and legacy `register_backward_hook` hooks. A hook a user puts on a grad_fn directly is
-# not: torch's node types cannot be patched.
-_from_hooks: dict[int, BaseException] = {}
-
-
-def guarded_hook(hook, check=None):
-    """`hook` for a neuron tensor (Note [Hook errors in backward]); `check(out, args)` raises
-    what torch raises after the hook for a result it refuses (that check, outside the hook,
-    aborted the process too): by default a tensor hook's, a gradient or None."""
-
-    @functools.wraps(hook)
-    def run(*args, **kwargs):
-        try:
-            out = hook(*args, **kwargs)
-            if out is not None:
-                (check or _one_gradient)(out, args)
-            return out
-        except Exception as e:
-            if not (in_backward() and _on_neuron(args)):
-                raise
-            _keep_hook_error(e)
-            return None
-
-    return run
-
-
-def _one_gradient(out, args=None) -> None:
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"expected Variable, but hook returned '{type(out).__name__}'")
-
-
-def _gradients(out, grads, count_error: str, sequence=tuple) -> None:
-    """torch's check of the gradients a hook returned for `grads`, in its words
-    (`count_error` takes the counts as {got} and {expected}; a module's full hook may return
-    any sequence, `sequence=object`)."""
-    if not isinstance(out, sequence):
-        raise TypeError(f"expected tuple, but hook returned '{type(out).__name__}'")
-    if len(out) != len(grads):
-        raise RuntimeError(count_error.format(got=len(out), expected=len(grads)))
-    for new, old in zip(out, grads):
-        if new is not None:
-            if old is None:
-                raise RuntimeError("can't replace a None gradient with a non-None value")
-            _one_gradient(new)
-
-
-def guarded_module_hook(hook, pre: bool):
-    """A module's full backward (pre) hook for BackwardHook, guarded as `guarded_hook`, with
-    the checks of what it returns that BackwardHook and the engine make after it."""
-    words = "Backward pre hook returned an invalid number of grad_output" if pre else \
-        "Backward hook returned an invalid number of grad_input"
-    return guarded_hook(hook, lambda out, args: _gradients(
-        out, args[1], words + ", got {got}, but expected {expected}", object))
-
-
-def guarded_node_hook(hook, legacy_module_hook: bool = False):
-    """A hook on an autograd node (grad_fn.register_hook: the hooks BackwardHook registers, a
-    module's legacy register_backward_hook) guarded as `guarded_hook`; what it returns must
-    be a tuple of gradients for the node's grad_inputs."""
-    at = 1 if legacy_module_hook else 0  # (a legacy hook's first argument is its module)
-    name = getattr(hook, "__name__", hook)
-    return guarded_hook(hook, lambda out, args: _gradients(
-        out, args[at], f"hook '{name}' has returned an incorrect number of values (got "
-                       "{got}, but expected {expected})"))
-
-
-def guarded_unpack(hook):
-    """A saved_tensors_hooks unpack hook (checkpoint's recomputation runs in one) whose
-    exception in backward is kept and answered with a stand-in that torch refuses, so torch
-    raises its own TypeError at once and backward()'s wrapper raises the kept exception
-    (Note [Hook errors in backward])."""
-
-    @functools.wraps(hook)
-    def run(packed):
-        try:
-            return hook(packed)
-        except Exception as e:
-            if not in_backward():
-                raise
-            _keep_hook_error(e)
-            stand_in = tuple.__new__(_Carrier, ())
-            stand_in.text = f"{type(e).__name__}: {e} (in a saved tensor's unpack hook)"
-            return stand_in
-
-    return run
-
-
-def _keep_hook_error(error: BaseException) -> None:
-    error = claim(error) or error  # a neuron op's error that reached the hook as torch's
-    with _lock:
-        _from_hooks[next(_tokens)] = error
-        while len(_from_hooks) > KEEP:
-            _from_hooks.pop(next(iter(_from_hooks)))
 
 
 def _on_neuron(values) -> bool:
-    """Whether a hook's arguments hold a neuron tensor (the tuples of gradients included)."""
+    """Whether `values` hold a neuron tensor (tuples and lists of them included)."""
     for v in values:
         if isinstance(v, (tuple, list)) and _on_neuron(v):
             return True
@@ -211,16 +70,15 @@ def wait_at_exit_after(outputs) -> None:
 
 
 def mark() -> int:
-    """A mark before a backward starts, for `claim_hook_error`."""
+    """A mark before a backward starts, for `claim`."""
     with _lock:
         return next(_tokens)
 
 
-def claim_hook_error(since: int) -> BaseException | None:
-    """The first exception a neuron tensor's hook kept after `since`, removed with any
-    later ones; None if none."""
+def claim(since: int) -> BaseException | None:
+    """The first exception kept after `since`, removed with any later ones; None if none."""
     with _lock:
-        kept = [_from_hooks.pop(t) for t in sorted(t for t in _from_hooks if t > since)]
+        kept = [_kept.pop(t) for t in sorted(t for t in _kept if t > since)]
     return kept[0] if kept else None
 
 

@@ -19,7 +19,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import OutOfMemory, core
-from neuron_eager.ops import _compat, _compat_modules, backward_errors, saving, workers
+from neuron_eager.ops import _compat, _compat_modules, saving, workers
 
 _compat.rename_backend()
 DEVICE = torch.device(_compat.BACKEND, 0)
@@ -258,15 +258,10 @@ class NeuronTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if cls is not NeuronTensor:  # (Note [Subclasses of neuron tensors])
             args, kwargs = tree_map(plain, (args, kwargs or {}))
-        try:
-            if _function_modes() or _tracing_state() is not None:  # (Note [Host tensors
-                with _device_side():  # under a default device] in _compat.py)
-                    return _dispatcher(func, args, kwargs or {})
-            return _dispatcher(func, args, kwargs or {})
-        except Exception as e:  # (Note [Errors on autograd's thread] in backward_errors.py)
-            if backward_errors.in_backward():
-                return backward_errors.carry(e, func)
-            raise
+        if _function_modes() or _tracing_state() is not None:  # (Note [Host tensors under
+            with _device_side():  # a default device] in _compat.py)
+                return _dispatcher(func, args, kwargs or {})
+        return _dispatcher(func, args, kwargs or {})
 
     def as_subclass(self, cls):
         # (Note [Subclasses of neuron tensors])
@@ -281,13 +276,6 @@ class NeuronTensor(torch.Tensor):
             return super().as_subclass(kind)
         finally:
             _alias_class.kind = None
-
-    def register_hook(self, hook):
-        # (Note [Hook errors in backward] in backward_errors.py)
-        return super().register_hook(backward_errors.guarded_hook(hook))
-
-    def register_post_accumulate_grad_hook(self, hook):
-        return super().register_post_accumulate_grad_hook(backward_errors.guarded_hook(hook))
 
     def __repr__(self, *, tensor_contents=None):
         from neuron_eager.ops.printing import tensor_repr
@@ -439,7 +427,8 @@ _compat.keep_dynamo_out(NeuronTensor.__torch_dispatch__.__func__)
 # divmod(): 'Tensor' and 'int'", "Expected value argument (Tensor of shape (3,))"): the CPU's
 # and CUDA's words. type(t) still prints neuron_eager.ops.tensor.NeuronTensor (its qualname).
 NeuronTensor.__name__ = "Tensor"
-for _name in ("__repr__", "__format__", "__reduce_ex__", "__deepcopy__", "tolist", "numpy"):
+for _name in ("__repr__", "__format__", "__reduce_ex__", "__deepcopy__", "tolist", "numpy",
+              "untyped_storage"):
     setattr(NeuronTensor, _name, _compat.host_side(vars(NeuronTensor)[_name]))
 _function_modes, _tracing_state, _device_side = (_compat.function_modes, _compat.tracing_state,
                                                   _compat.device_side)

@@ -1,5 +1,5 @@
 """Errors raised inside autograd's backward on neuron reach backward()'s caller with their own
-type and message (Notes [Errors on autograd's thread], [Hook errors in backward] in
+type and message (Note [Errors on autograd's thread] in
 ops/backward_errors.py): before, the process aborted."""
 import pytest
 import torch
@@ -38,6 +38,25 @@ def test_an_op_error_in_backward_is_raised_by_backward(monkeypatch):
     torch.testing.assert_close(x.grad.cpu(), 1 - x.detach().cpu().tanh() ** 2)
 
 
+def test_a_custom_backward_catches_an_op_error_as_raised(monkeypatch):
+    class Guarded(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            try:
+                return g.tanh()
+            except ValueError:  # (as raised: it was a RuntimeError naming it)
+                return g * 2
+
+    x = torch.randn(4, device=NEURON, requires_grad=True)
+    _failing(monkeypatch, torch.ops.aten.tanh.default, ValueError("refused"))
+    Guarded.apply(x).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((4,), 2.0))
+
+
 def test_an_error_of_an_op_with_several_results(monkeypatch):
     x = torch.randn(4, 8, device=NEURON, requires_grad=True)
     loss = F.layer_norm(x, (8,)).sum()
@@ -68,7 +87,7 @@ def test_hooks_that_raise_in_backward(device):
 @pytest.mark.parametrize("device", ["cpu", NEURON])
 def test_module_hooks_returning_too_many_gradients(device):
     # a tensor instead of a tuple: torch's own check after the hook raises, which aborted
-    # the process on neuron (Note [Hook errors in backward])
+    # the process on neuron (Note [Errors on autograd's thread])
     for register, words in (("register_full_backward_hook", "grad_input, got 4"),
                             ("register_full_backward_pre_hook", "grad_output, got 4")):
         m = torch.nn.Linear(3, 2).to(device)
@@ -114,10 +133,47 @@ def _warning_as_error_in_a_module_hook(device):
     _hook_returns("register_full_backward_hook", ("a",)),
     _warning_as_error_in_a_module_hook], ids=lambda f: getattr(f, "__name__", "returns"))
 def test_hook_errors_and_refused_results_raise_as_on_cpu(program):
-    # each aborted the process on neuron (Note [Hook errors in backward])
+    # each aborted the process on neuron (Note [Errors on autograd's thread])
     want = outcome(program, "cpu")
     assert want is not None
     assert outcome(program, NEURON) == want
+
+
+def _node_hook(register, result, node=lambda y, x: y.grad_fn):
+    def program(device):
+        x = torch.randn(3, device=device, requires_grad=True)
+        y = (x * 2).sum()
+        getattr(node(y, x), register)(lambda *a: result(a))
+        y.backward()
+        return x.grad
+    program.__name__ = register
+    return program
+
+
+def _raise(error):
+    def hook_body(args):
+        raise error
+    return hook_body
+
+
+@pytest.mark.parametrize("program", [
+    _node_hook("register_hook", _raise(ValueError("post hook"))),
+    _node_hook("register_prehook", _raise(KeyError("pre hook"))),
+    _node_hook("register_hook", lambda args: 5),  # (torch's own check of the result)
+    _node_hook("register_prehook", lambda args: ("a",)),
+    _node_hook("register_hook", _raise(ValueError("leaf")),  # an AccumulateGrad node
+               lambda y, x: y.grad_fn.next_functions[0][0].next_functions[0][0]),
+    _node_hook("register_hook", lambda args: None)], ids=lambda f: f.__name__)
+def test_hooks_on_autograd_nodes_raise_as_on_cpu(program):
+    # each but the last aborted the process (Note [An exception pending in the device guard]
+    # in ops/_compat.py)
+    assert_same = torch.testing.assert_close
+    want, got = outcome(program, "cpu"), outcome(program, NEURON)
+    if isinstance(want, torch.Tensor):
+        assert_same(got, want)
+    else:
+        assert got == want
+    test_hooks_that_do_not_raise_still_change_gradients()  # (the device still works)
 
 
 def test_hooks_that_do_not_raise_still_change_gradients():

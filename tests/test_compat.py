@@ -172,17 +172,15 @@ def test_make_fx_traces_untracked_neuron_tensors_as_constants():
     assert neuron_eager.NeuronTensor in proxy_tensor.HANDLED_TYPES
 
 
-def test_backward_entry_point_and_module_hooks_are_wrapped_once():
+def test_backward_entry_point_is_wrapped_once():
     import torch.autograd.graph as graph
 
     from neuron_eager.ops import backward_errors
 
-    wrapped, init = torch.autograd._engine_run_backward, torch.utils.hooks.BackwardHook.__init__
+    wrapped = torch.autograd._engine_run_backward
     assert wrapped is graph._engine_run_backward and wrapped._neuron_wrapped
     _compat.install_backward_errors(backward_errors)  # idempotent
     assert torch.autograd._engine_run_backward is wrapped
-    assert torch.utils.hooks.BackwardHook.__init__ is init
-    assert torch.autograd.graph.saved_tensors_hooks.__init__.__name__ == "saved_tensors_hooks_init"
     assert torch._C._current_graph_task_id() == -1  # outside backward (in_backward relies on it)
 
 
@@ -305,3 +303,24 @@ def test_control_flow_ops_run_in_eager_on_neuron():
     with pytest.raises(RuntimeError, match="single-element tensor"):
         torch.cond(torch.ones(2, device="neuron") > 0, lambda t: t, lambda t: t,
                    (torch.ones(1, device="neuron"),))
+
+
+def test_printing_and_host_reads_inside_a_compiled_function():
+    # Dynamo inlined the host-side methods and failed on np.copyto of fake tensors (printing,
+    # tolist) or recursed (untyped_storage): they now break the graph, as on the CPU
+    import contextlib
+    import io
+
+    def f(x):
+        y = x * 2
+        print(y, f"{y.sum():.2f}", y.tolist(), y.untyped_storage().nbytes())
+        return y.sum()
+
+    printed = {}
+    for device in ("cpu", "neuron"):
+        torch._dynamo.reset()
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            result = torch.compile(f)(torch.arange(3.0, device=device))
+        printed[device] = out.getvalue().replace(", device='neuron:0'", "")
+        assert result.item() == 6.0
+    assert printed["neuron"] == printed["cpu"]
