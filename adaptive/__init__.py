@@ -14,10 +14,11 @@ tensor([3., 3., 3., 3.])
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from math import prod
 
-from neuron_eager.device_sim import config
+from neuron_eager.device_sim import config, forks
 from neuron_eager.device_sim.config import read_at_import
 
 from . import codegen, fusion, interrupts, launch, recording
@@ -30,7 +31,7 @@ __all__ = ["enable", "disable", "is_enabled", "adaptive_eager", "flush", "stats"
 def enable() -> None:
     """Record fusible ops from now on (all threads)."""
     recording.install()
-    interrupts.install(recording._lock)  # Ctrl-C waits (Note [Interrupts])
+    interrupts.install(_recorders_lock)  # (done at import, unless imported off the main thread)
 
 
 def disable() -> None:
@@ -50,6 +51,7 @@ def is_enabled() -> bool:
 _blocks: list = []  # [token, enabled] of the open blocks, oldest first
 _mode_before_blocks = [False]
 _blocks_lock = threading.Lock()
+forks.renew_after_fork(sys.modules[__name__], "_blocks_lock", threading.Lock)
 
 
 def _set(enabled: bool) -> None:
@@ -147,6 +149,12 @@ _REASONS = {"aten::_local_scalar_dense": ".item() or bool() (aten::_local_scalar
             "data read": "a read of its data (print, .tolist(), .numpy())"}
 
 
+def _recorders_lock():
+    return recording._lock
+
+
+# Ctrl-C waits while the simulator's code runs, plain eager's too (Note [Interrupts])
+interrupts.install(_recorders_lock)
 if config.adaptive:
     enable()
 read_at_import("adaptive")

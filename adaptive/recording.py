@@ -16,7 +16,7 @@ import weakref
 
 import torch
 
-from neuron_eager.device_sim import config
+from neuron_eager.device_sim import config, forks
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import foreach
 from neuron_eager.ops import numerics, overlap, router, views
@@ -33,6 +33,7 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 _lock = threading.RLock()  # (Ctrl-C waits while it is held: Note [Interrupts])
+forks.renew_after_fork(sys.modules[__name__], "_lock", threading.RLock)
 _region = Region()
 active = False  # recording on (the dispatcher may stay wrapped, e.g. by the profiler)
 _inner = None  # the dispatcher that was installed before adaptive eager

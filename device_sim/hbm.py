@@ -16,6 +16,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from .forks import renew_after_fork
+
 SMALL_LIMIT = 1 << 20  # blocks below 1 MiB belong to the small pool
 LARGE_ROUND = 2 << 20  # requests of 16 MiB and more round to 2 MiB
 MIN_BLOCK = 256
@@ -125,6 +127,7 @@ class CachingAllocator:
         # made) and free a storage there, on the same thread; free's updates are complete
         # increments, so malloc continues consistently.
         self._lock = threading.RLock()
+        renew_after_fork(self, "_lock", threading.RLock)  # (Note [Forking with threads])
         self._cache: dict[int, list[Block]] = defaultdict(list)
         self._next_address = 0x1000
         self._live = [0] * (2 * _FIELDS)  # see _LIVE

@@ -11,6 +11,10 @@ import sys
 
 import torch
 
+if torch.distributed.is_available():  # (torch's C++ imports it at the first op on a tensor
+    import torch.distributed.tensor  # noqa: F401  subclass, where a Ctrl-C landed in sympy's
+    # import and left it broken: Note [Interrupts])
+
 from neuron_eager.device_sim import config
 from neuron_eager.ops import _compat, _compat_modules, backward_errors, jit, router
 from neuron_eager.ops.tensor import NO_DLPACK, NOT_SHARED, NeuronOutOfMemoryError, NeuronTensor

@@ -667,3 +667,15 @@ def unique_numba_symbols() -> None:
     from numba.core import bytecode
 
     bytecode.FunctionIdentity._unique_ids = itertools.count(secrets.randbits(48) << 12)
+
+
+def renew_numba_compiler_lock_after_fork() -> None:
+    """Numba's compiler lock made anew in a forked child (Note [Forking with threads] in
+    device_sim/forks.py): a child forked while another thread compiled waited on it."""
+    import threading
+
+    from numba.core.compiler_lock import global_compiler_lock
+
+    from neuron_eager.device_sim import forks
+
+    forks.renew_after_fork(global_compiler_lock, "_lock", threading.RLock)

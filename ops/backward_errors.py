@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import sys
 import threading
 import time
 
 import torch
 
+from neuron_eager.device_sim import forks
+
 _kept: dict[int, BaseException] = {}  # token -> exception raised on autograd's thread
 _tokens = itertools.count(1)
 _lock = threading.Lock()
+forks.renew_after_fork(sys.modules[__name__], "_lock", threading.Lock)
 KEEP = 64  # at most this many unclaimed (a backward whose error nobody caught)
 
 

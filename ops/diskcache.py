@@ -25,6 +25,7 @@ import llvmlite
 import numba
 import numpy as np
 
+from neuron_eager.device_sim import forks
 from neuron_eager.ops import _compat
 from neuron_eager.ops.sourceline import warn_at_user_line
 
@@ -186,6 +187,7 @@ def _ensure(path: Path, text: str) -> bool:
 
 
 _import_lock = threading.Lock()  # (another thread must not take a half-run module)
+forks.renew_after_fork(sys.modules[__name__], "_import_lock", threading.Lock)
 
 
 def _import(path: Path, name: str):

@@ -175,6 +175,7 @@ def _code(code) -> tuple:
 # them (a fused LayerNorm called mul where it meant div). Counting from a random 60-bit
 # start in each process keeps every symbol distinct.
 _compat.unique_numba_symbols()
+_compat.renew_numba_compiler_lock_after_fork()
 _FunctionCache = _compat.numba_function_cache(plain_folder, function_key)
 
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from neuron_eager.device_sim import core
+from neuron_eager.device_sim import core, forks
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
@@ -79,6 +79,7 @@ class Generator:
 
     def __init__(self, seed: int = 67280421310721, rounding_noise: bool = False):
         self._lock = threading.Lock()
+        forks.renew_after_fork(self, "_lock", threading.Lock)  # (Note [Forking with threads])
         self._rounding_noise = rounding_noise  # the device's: seeds stochastic rounding too
         self.manual_seed(seed)
 
