@@ -248,8 +248,13 @@ class NeuronTensor(torch.Tensor):
     _flat: np.ndarray | None = _DataField()
 
     @staticmethod
-    def __new__(cls, storage, shape, stride, offset, dtype, requires_grad=False):
-        return make(storage, shape, stride, offset, dtype, requires_grad)
+    def __new__(cls, storage, shape=None, stride=None, offset=None, dtype=None,
+                requires_grad=None, **attributes):
+        if isinstance(storage, torch.Tensor) and shape is None:
+            # type(p)(data, requires_grad=..., **vars(p)) re-wraps a Parameter (accelerate's
+            # idiom): a neuron Parameter's type is this class, not nn.Parameter
+            return torch.nn.Parameter(storage, True if requires_grad is None else requires_grad)
+        return make(storage, shape, stride, offset, dtype, bool(requires_grad))
 
     def __init__(self, *args, **kwargs):
         pass

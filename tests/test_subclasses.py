@@ -104,3 +104,15 @@ def test_aliases_on_other_threads():
     thread.join()
     alias, marked = results[0]
     assert type(alias) is neuron_eager.ops.tensor.NeuronTensor and isinstance(marked, Marked)
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_type_of_a_parameter_rewraps_new_data_as_a_parameter(device):
+    # accelerate's set_module_tensor_to_device: a neuron Parameter's type is NeuronTensor,
+    # whose constructor wanted a storage and a shape
+    old = torch.nn.Linear(2, 2).to(device).weight
+    for kwargs in ({}, {"requires_grad": False}):
+        new = type(old)(torch.zeros(2, 2, device=device), **kwargs, **vars(old))
+        assert isinstance(new, torch.nn.Parameter) and new.device.type == device
+        assert new.requires_grad == kwargs.get("requires_grad", True)
+        assert torch.equal(new.detach().cpu(), torch.zeros(2, 2))
