@@ -18,8 +18,9 @@ def tensor_repr(t) -> str:
     prefix = "Parameter containing:\n" if getattr(t, "_is_param", False) else ""
     # a subclass made with as_subclass prints its class's name, as on the CPU
     head = "tensor(" if type(t) is T.NeuronTensor else f"{type(t).__name__}("
-    with torch.no_grad():
-        cpu = T.to_cpu(t)
+    with torch.no_grad():  # (a summary reads the edges only: no copy of a large tensor)
+        summarized = t.numel() > torch._tensor_str.PRINT_OPTS.threshold
+        cpu = T.cpu_alias(t) if summarized else T.to_cpu(t)
     suffixes = [f"device='{t.device}'"]
     if t.numel() == 0 and t.dim() != 1:
         suffixes.append(f"size={tuple(t.shape)}")
