@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import sys
 
 import torch
 import torch.utils.backend_registration as _backend_registration
 from torch._C import DispatchKey, DispatchKeySet
+
+from neuron_eager.ops import sourceline
 
 BACKEND = "neuron"
 _META = DispatchKeySet(DispatchKey.Meta)
@@ -127,6 +130,8 @@ def host_side(fn):
     """`fn` run as `device_side` (Note [Host tensors under a default device])."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
+        if sys.gettrace() is not None and sourceline.debugger_tracing(sys.gettrace()):
+            return sourceline.untraced(run, *args, **kwargs)
         if function_modes() or tracing_state() is not None:
             with device_side():
                 return fn(*args, **kwargs)

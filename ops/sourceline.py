@@ -5,6 +5,7 @@ C++ dispatch adds no Python frames, so it is found by walking up the stack.
 """
 from __future__ import annotations
 
+import bdb
 import os
 import sys
 import threading
@@ -122,3 +123,36 @@ def ours_on_stack(frame) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+# Note [Debuggers step over the device]
+# pdb's `s` on a line with one op stepped through the dispatcher, the kernels and torch's
+# Python helpers they call (206 steps to the next line with warm kernels), and post-mortem
+# frames were ours: on the CPU an op is one C++ call. So while a debugger (a bdb.Bdb: pdb,
+# IPython's) traces the thread, an op runs with tracing off, and the debugger skips our
+# modules' frames (the dispatcher's own call event; from the first op it sees on). A `b`
+# breakpoint set inside neuron-eager's code is not hit then; `breakpoint()` written there
+# still is.
+_SKIPPED = {"neuron_eager.*", "torch._library.*"}  # (torch's C++ asks its op registry for
+# a dispatch rule of a subclass's op before calling __torch_dispatch__)
+
+
+def debugger_tracing(trace) -> bool:
+    """Whether `trace` (sys.gettrace()) is a debugger's; it is told to skip our modules."""
+    debugger = getattr(trace, "__self__", None)
+    if not isinstance(debugger, bdb.Bdb):
+        return False
+    if not debugger.skip or not _SKIPPED <= debugger.skip:
+        debugger.skip = set(debugger.skip or ()) | _SKIPPED
+    return True
+
+
+def untraced(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` with the thread's tracing off (Note [Debuggers step over the
+    device])."""
+    trace = sys.gettrace()
+    sys.settrace(None)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        sys.settrace(trace)

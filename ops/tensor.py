@@ -9,6 +9,7 @@ the kernel dtype (16-bit floats as uint16 bit patterns), which kernels use.
 from __future__ import annotations
 
 import copy as _copy
+import sys
 import threading
 from collections import OrderedDict
 from functools import partial
@@ -20,6 +21,7 @@ from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import OutOfMemory, core
 from neuron_eager.ops import _compat, _compat_modules, saving, workers
+from neuron_eager.ops.sourceline import debugger_tracing, untraced
 
 _compat.rename_backend()
 DEVICE = torch.device(_compat.BACKEND, 0)
@@ -261,6 +263,8 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if _gettrace() is not None and debugger_tracing(_gettrace()):
+            return untraced(cls.__torch_dispatch__, func, types, args, kwargs)
         if cls is not NeuronTensor:  # (Note [Subclasses of neuron tensors])
             args, kwargs = tree_map(plain, (args, kwargs or {}))
         if _function_modes() or _tracing_state() is not None:  # (Note [Host tensors under
@@ -437,6 +441,7 @@ for _name in ("__repr__", "__format__", "__reduce_ex__", "__deepcopy__", "tolist
     setattr(NeuronTensor, _name, _compat.host_side(vars(NeuronTensor)[_name]))
 _function_modes, _tracing_state, _device_side = (_compat.function_modes, _compat.tracing_state,
                                                   _compat.device_side)
+_gettrace = sys.gettrace
 _TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
 _UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
 _STORAGE_NBYTES = torch._C.StorageBase.nbytes  # (the C++ size: len(), indexing, printing)

@@ -134,3 +134,37 @@ def test_a_block_whose_pending_ops_fail_still_restores_the_mode(leaving, monkeyp
                 assert adaptive.is_enabled()
             assert not adaptive.is_enabled()
     assert not adaptive.recording._installed
+
+
+STEPPING = textwrap.dedent("""
+    import sys
+    import torch, neuron_eager
+    if sys.argv[1] == "adaptive":
+        neuron_eager.adaptive.enable()
+    x = torch.ones(3, device=sys.argv[2])
+    (x * 2).exp().cpu()
+    breakpoint()
+    y = x * 2
+    z = y.exp()
+    w = (z + 1).sum()
+    print("done", w.item())
+""")
+
+
+@pytest.mark.parametrize("mode", ["plain", "adaptive"])
+def test_pdb_steps_over_an_op_as_on_the_cpu(mode, tmp_path):
+    # (Note [Debuggers step over the device] in ops/sourceline.py): `s` on a line with one op
+    # went through the dispatcher and the kernels, 206 steps to the next line
+    script = tmp_path / "step_me.py"
+    script.write_text(STEPPING)
+    env = dict(os.environ, PYTHONBREAKPOINT="pdb.set_trace")
+    shown = {}
+    for device in ("cpu", "neuron"):
+        done = subprocess.run([sys.executable, str(script), mode, device],
+                              input="n\ns\ns\np z.sum().item()\nc\n", text=True,
+                              capture_output=True, env=env, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        shown[device] = [line for line in done.stdout.splitlines() if line.startswith("-> ")
+                         or line.startswith("(Pdb) ") and "> " not in line]
+    # (`n` over the first op, which shows the device the debugger; then `s` steps line by line)
+    assert shown["neuron"] == shown["cpu"] and "-> w = (z + 1).sum()" in shown["cpu"]
