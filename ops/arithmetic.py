@@ -357,14 +357,22 @@ def check_integer_divisor(x, y) -> None:
     loop: not for an empty result); here too."""
     if any(isinstance(t, torch.Tensor) and not t.numel() for t in (x, y)):
         return
-    if isinstance(y, torch.Tensor) and not y.dtype.is_floating_point and y.numel() and \
-            not E.dtypes_for(_DIV_FLOOR, [x, y])[0].is_floating_point:
-        # the host reads the check back, as the CPU kernel does (a CPU 0-dim divisor at once)
-        if (y._nd == 0).any() if isinstance(y, E.NeuronTensor) else y.item() == 0:
+    if isinstance(y, torch.Tensor) and not y.dtype.is_floating_point and y.numel():
+        common = E.dtypes_for(_DIV_FLOOR, [x, y])[0]
+        if common.is_floating_point:
+            return
+        # the host reads the check back, as the CPU kernel does (a CPU 0-dim divisor at once;
+        # a 0-dim one of a wider type than the common one wraps to it first: uint8 // 256)
+        if y.dim() == 0 and y.dtype != common:
+            zero = numerics.scalar_cast("int", common)(y.item()) == 0
+        else:
+            zero = (y._nd == 0).any() if isinstance(y, E.NeuronTensor) else y.item() == 0
+        if zero:
             raise RuntimeError("ZeroDivisionError")
-    elif isinstance(y, (int, bool)) and y == 0 and isinstance(x, E.NeuronTensor) and \
-            not x.dtype.is_floating_point:
-        raise RuntimeError("ZeroDivisionError")
+    elif isinstance(y, (int, bool)) and isinstance(x, E.NeuronTensor) and \
+            not x.dtype.is_floating_point:  # (Note [Integer scalars wrap]: uint8 // 256)
+        if numerics.scalar_cast("int", x.dtype)(y) == 0:
+            raise RuntimeError("ZeroDivisionError")
 
 
 def _modulo(float_op, int_op, cpu_name):

@@ -96,7 +96,8 @@ def _logit(x, eps, use_eps):
 
 define("xlogy", _xlogy.py_func, [aten.xlogy.Tensor, aten.xlogy.Scalar_Self,
                                   aten.xlogy.Scalar_Other],
-       [aten.xlogy_.Tensor, aten.xlogy_.Scalar_Other], kind="int_to_float", engine="scalar")
+       [aten.xlogy_.Tensor, aten.xlogy_.Scalar_Other], kind="int_to_float", engine="scalar",
+       round_scalars=True)  # (the CPU rounds a Python number to a bf16/fp16 result's dtype)
 define("xlog1py", _xlog1py.py_func, [aten.special_xlog1py.default,
                                       aten.special_xlog1py.self_scalar,
                                       aten.special_xlog1py.other_scalar],

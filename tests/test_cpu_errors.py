@@ -23,6 +23,10 @@ def _expanded(device):
 
 
 ERRORS = {
+    # (a divisor that wraps to 0 in the tensor's type: Note [Integer scalars wrap])
+    "uint8 // 256": lambda d: torch.arange(3, dtype=torch.uint8, device=d) // 256,
+    "int8 % 2**31": lambda d: torch.arange(3, dtype=torch.int8, device=d) % 2 ** 31,
+    "uint8 // tensor(256)": lambda d: torch.arange(3, dtype=torch.uint8, device=d) // _t(d, 256),
     "fill_ of an expanded tensor with a neuron 0-dim value": lambda d: _expanded(d).fill_(
         _t(d, 1.)),
     "index_add_ of a scalar, two indices": lambda d: torch.zeros((), device=d).index_add_(
@@ -435,6 +439,9 @@ VALUES = {
     "copy_ between views of the same memory (the CPU returns first)": lambda d: (
         lambda x: torch.stack([x[1:].copy_(x[:-1]), x.copy_(x)[1:]]))(
         torch.arange(3., device=d).expand(3, 3)),
+    "xlogy of bf16 and fp16 by a Python number rounds it to the dtype": lambda d: torch.cat([
+        torch.xlogy(_t(d, [0.5, 2.0, 7.0], dtype=torch.bfloat16), 1.01).float(),
+        torch.xlogy(_t(d, [0.5, 2.0], dtype=torch.float16), 70000.0).float()]),
     "is_set_to": lambda d: (lambda x: torch.tensor([x.is_set_to(x), x.is_set_to(x[:]),
                                                     x.is_set_to(x[1:]), x.is_set_to(x.t())]))(
         torch.ones(3, 3, device=d)),
