@@ -307,6 +307,9 @@ def _run_out(functional, pointwise, func, args, kwargs):
         kwargs["dtype"] = outs[0].dtype  # computed in out's dtype, inputs cast first, as the CPU
     if pointwise:
         _check_overlap(outs, args, kwargs)
+        if id(func) in _OUT_OF_THE_INPUTS_DTYPE and isinstance(args[0], torch.Tensor) and \
+                outs[0].dtype != (torch.bool if func is aten.signbit.out else args[0].dtype):
+            _out_dtype_like_cpu(func, names, outs, args, kwargs)
         if len(outs) == 1 and type(outs[0]) is NeuronTensor and \
                 _elementwise_into(functional, args, kwargs, outs[0]):
             return outs[0]
@@ -341,6 +344,11 @@ def _out_dtype_like_cpu(func, names, outs, args, kwargs) -> None:
 # (ids: an OpOverload hashes in Python, microseconds a lookup)
 _DTYPE_FROM_OUT = {id(op) for op in (aten.sum.IntList_out, aten.cumsum.out, aten.cumprod.out,
                                      aten.prod.int_out, aten.nansum.out)}
+# Elementwise ops whose CPU kernels refuse an out= of another dtype than the input's ("Found
+# dtype Half but expected Float"; signbit's must be bool): the CPU raises, once, for them.
+_OUT_OF_THE_INPUTS_DTYPE = {id(op) for op in (
+    aten.abs.out, aten.neg.out, aten.sign.out, aten.sgn.out, aten.ceil.out, aten.floor.out,
+    aten.trunc.out, aten.round.out, aten.round.decimals_out, aten.frac.out, aten.signbit.out)}
 
 
 def _elementwise_into(functional, args, kwargs, dst: NeuronTensor) -> bool:

@@ -23,6 +23,11 @@ def _expanded(device):
 
 
 ERRORS = {
+    **{f"{name} out= of another dtype": (lambda name: lambda d: getattr(torch, name)(
+        _t(d, [1.5, -2.0]), out=torch.empty(2, dtype=torch.half, device=d)))(name)
+       for name in ("abs", "neg", "sign", "ceil", "round", "frac")},
+    "signbit out= of float": lambda d: torch.signbit(_t(d, [1.5, -2.0]), out=torch.empty(
+        2, device=d)),
     # (a divisor that wraps to 0 in the tensor's type: Note [Integer scalars wrap])
     "uint8 // 256": lambda d: torch.arange(3, dtype=torch.uint8, device=d) // 256,
     "int8 % 2**31": lambda d: torch.arange(3, dtype=torch.int8, device=d) % 2 ** 31,
