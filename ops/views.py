@@ -31,7 +31,7 @@ VIEW_OPS = [
     aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.narrow.default,
     aten.view.dtype, aten.unflatten.int, aten.movedim.int, aten.chunk.default,
     aten.tensor_split.sections, aten.tensor_split.indices,
-    aten.swapaxes.default, aten.swapdims.default, aten.expand_as.default,
+    aten.swapaxes.default, aten.swapdims.default,
     aten._reshape_alias.default, aten.lift_fresh.default,
 ]
 _INPLACE_VIEW_OPS = [
@@ -155,6 +155,17 @@ def make_view(func):
 
 for _op in VIEW_OPS:
     register(_op)(make_view(_op))
+
+
+@register(aten.expand_as.default)
+def expand_as(x, other):
+    # (reached in inference mode, where the composite does not decompose first) other's
+    # sizes alone, wherever it lies, as on the CPU: a meta stand-in of x next to a neuron
+    # `other` was refused as two devices
+    return aten.expand.default(x, list(other.shape))
+
+
+expand_as.checks_devices = True
 
 
 @register(aten.reshape.default)

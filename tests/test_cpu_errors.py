@@ -396,6 +396,15 @@ def test_failed_index_add_changes_nothing():
     assert torch.equal(x.cpu(), torch.zeros(3, 2))
 
 
+def _in_inference_mode(device):
+    # (expand_as reached the device undecomposed; a meta stand-in of x next to a neuron
+    # `other` was refused as two devices)
+    with torch.inference_mode():
+        e = torch.arange(8., device=device).view(2, 4)
+        return torch.cat([F.normalize(e, dim=-1).view(-1), e[:1].expand_as(e).reshape(-1),
+                          e[:1].expand_as(torch.empty(2, 4)).reshape(-1)])
+
+
 def _into_long(reduce):
     """A float reduction written into an int64 `out=`: computed in int64, inputs truncated."""
     def run(d):
@@ -447,6 +456,7 @@ VALUES = {
     "xlogy of bf16 and fp16 by a Python number rounds it to the dtype": lambda d: torch.cat([
         torch.xlogy(_t(d, [0.5, 2.0, 7.0], dtype=torch.bfloat16), 1.01).float(),
         torch.xlogy(_t(d, [0.5, 2.0], dtype=torch.float16), 70000.0).float()]),
+    "expand_as and F.normalize in inference mode": lambda d: _in_inference_mode(d),
     "is_set_to": lambda d: (lambda x: torch.tensor([x.is_set_to(x), x.is_set_to(x[:]),
                                                     x.is_set_to(x[1:]), x.is_set_to(x.t())]))(
         torch.ones(3, 3, device=d)),
