@@ -502,8 +502,7 @@ def layout_for(shape, layouts) -> tuple | None:
     key = (tuple(shape), *layouts)
     strides = _layouts.get(key, False)
     if strides is False:
-        stand_ins = [torch.empty_strided(size, stride, dtype=torch.uint8,
-                                         device="meta").expand(shape) for size, stride in layouts]
+        stand_ins = [_broadcast_stand_in(shape, size, stride) for size, stride in layouts]
         strides = tuple(compute_elementwise_output_strides(*stand_ins))
         if strides == T.contiguous_strides(shape):
             strides = None
@@ -511,6 +510,16 @@ def layout_for(shape, layouts) -> tuple | None:
             _layouts.clear()
         _layouts[key] = strides
     return strides
+
+
+def _broadcast_stand_in(shape, size, stride):
+    """An operand of `size` and `stride` broadcast to `shape` as TensorIterator sees it: its
+    prepended and broadcast dims of stride 0 (expand() gives a prepended dim of size 1 a
+    stride, which reordered the result's dims: a view(-1) the CPU allows failed)."""
+    lead = len(shape) - len(size)
+    strides = [0] * lead + [0 if n == 1 and m != 1 else st
+                            for n, st, m in zip(size, stride, shape[lead:])]
+    return torch.empty_strided(shape, strides, dtype=torch.uint8, device="meta")
 
 
 def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -> NeuronTensor:
