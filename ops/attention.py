@@ -124,8 +124,28 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         attn_mask = attn_mask & causal if attn_mask.dtype == torch.bool else \
             attn_mask.masked_fill(~causal, float("-inf"))
         is_causal = False
-    return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                           enable_gqa=enable_gqa)
+    out = _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                          enable_gqa=enable_gqa)
+    if _flash_on_cpu(query, key, value, dropout_p) and not query.is_contiguous():
+        return _laid_out_like(out, query)
+    return out
+
+
+# Note [The layout of attention's output]
+# The CPU's flash kernel writes its output in the query's memory order: for nanoGPT's
+# q = x.view(B, T, H, E).transpose(1, 2) that is (B, T, H, E), so `y.transpose(1, 2).view(B,
+# T, C)` works there; the math path returns a contiguous (B, H, T, E) and that view failed.
+# The CPU takes the flash kernel for 4-D inputs of one head size, without dropout, with as many
+# key as query heads; elsewhere its math path returns a contiguous result too.
+def _flash_on_cpu(query, key, value, dropout_p) -> bool:
+    return query.dim() == 4 and not dropout_p and key.dim() == value.dim() == 4 and \
+        query.shape[1] == key.shape[1] and query.shape[-1] == key.shape[-1] == value.shape[-1]
+
+
+def _laid_out_like(out, query):
+    strides = torch.empty_like(query, device="meta").stride()
+    laid_out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
+    return laid_out.copy_(out)
 
 
 on_autograd_key("scaled_dot_product_attention", _sdpa)
