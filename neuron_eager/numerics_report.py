@@ -33,6 +33,15 @@ class Spec:
     domain: tuple  # (lo, hi) of the sweep
     ulp_domain: tuple | None = None  # where the ulp columns are judged (None: all of it)
     note: str = ""
+    extra: Callable | None = None  # () -> more inputs where errors concentrate
+
+
+def _near_multiples_of_pio2() -> np.ndarray:
+    """The 9 floats around each nonzero multiple of pi/2 below 8192 (Note [Trigonometric
+    reduction] in ops/fastmath.py: the remainder is tiny there, its error relatively large)."""
+    n = np.concatenate([np.arange(-5215, 0), np.arange(1, 5216)])
+    centers = (n * (np.pi / 2)).astype(np.float32).view(np.int32)
+    return np.concatenate([(centers + d).view(np.float32) for d in range(-4, 5)])
 
 
 SPECS = [
@@ -44,8 +53,10 @@ SPECS = [
          (-87.0, 100.0), "below -87 both give 0 where the exact value is subnormal"),
     Spec("erf", torch.erf, special.erf, (-6.0, 6.0)),
     Spec("sin", torch.sin, np.sin, (-8192.0, 8192.0), None,
-         "|x| >= 8192 reduces through libm (exact reduction), not measured here"),
-    Spec("cos", torch.cos, np.cos, (-8192.0, 8192.0), None, "as sin"),
+         "and the 9 floats around each multiple of pi/2 (Note [Trigonometric reduction]); "
+         "|x| >= 8192 reduces through a float64 table (Note [Large trigonometric "
+         "arguments]), not measured here", _near_multiples_of_pio2),
+    Spec("cos", torch.cos, np.cos, (-8192.0, 8192.0), None, "as sin", _near_multiples_of_pio2),
     Spec("rsqrt", torch.rsqrt, lambda x: 1 / np.sqrt(x), (1e-45, 3.4e38)),
     Spec("gelu", torch.nn.functional.gelu,
          lambda x: 0.5 * x * special.erfc(-x / math.sqrt(2)), (-10.0, 10.0), (-1.0, 10.0),
@@ -90,6 +101,8 @@ def ulp_vs_exact(values: np.ndarray, exact: np.ndarray) -> np.ndarray:
 
 def measure(spec: Spec, points: int) -> dict:
     x = sweep(*spec.domain, points)
+    if spec.extra is not None:
+        x = np.unique(np.concatenate([x, spec.extra()]))
     xt = torch.from_numpy(x)
     ours = spec.op(xt.to("neuron")).cpu().numpy()
     theirs = spec.op(xt).numpy()
