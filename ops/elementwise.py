@@ -528,6 +528,8 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
     Checks devices itself (kernels calling it set `checks_devices`): operands are neuron
     tensors, Python scalars or CPU 0-dim tensors.
     """
+    if out is not None and type(out) is not NeuronTensor:  # (a CPU 0-dim x.add_(neuron y))
+        raise T.device_error(out.device)
     result = _run_contiguous(op, operands, params) if out is None else \
         _run_contiguous_into(op, operands, params, out)
     if result is not None:

@@ -592,6 +592,8 @@ def make_lazy(storage, shape, stride, offset, dtype, c_contiguous: bool,
     """`make` for views: `_nd` is made on first use (many views are never read on the host:
     autograd's saved transposes, reshapes fed to the next view), and C-contiguity comes
     from the caller, which caches it with the layout."""
+    if dtype not in STORAGE_DTYPE:  # (x.view(torch.cfloat), a complex tensor loaded here)
+        check_dtype(dtype)
     t = _make_wrapper(cls, shape, strides=stride, storage_offset=offset, dtype=dtype,
                       device=DEVICE)
     d = t.__dict__

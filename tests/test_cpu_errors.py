@@ -23,6 +23,10 @@ def _expanded(device):
 
 
 ERRORS = {
+    "a CPU 0-dim tensor updated in place by a neuron one": lambda d: torch.tensor(1.).add_(
+        torch.tensor(2., device=d)) if d != "cpu" else __outcome_error(
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        "neuron:0 and cpu!"),
     **{f"{name} out= of another dtype": (lambda name: lambda d: getattr(torch, name)(
         _t(d, [1.5, -2.0]), out=torch.empty(2, dtype=torch.half, device=d)))(name)
        for name in ("abs", "neg", "sign", "ceil", "round", "frac")},

@@ -305,7 +305,8 @@ def test_unsupported_layouts_and_dtypes_are_refused_clearly():
             torch.ones(2).to(fp8).to("neuron")
     x = torch.ones(3, device="neuron")
     for complex_op in (lambda: x * 1j, lambda: 1j + x, lambda: x * torch.tensor(1j),
-                       lambda: x ** 1j):  # (a TypeError there became "unsupported operand")
+                       lambda: x ** 1j,  # (a TypeError there became "unsupported operand")
+                       lambda: torch.ones(4, device="neuron").view(torch.cfloat)):  # (KeyError)
         with pytest.raises(RuntimeError, match="Trainium has no complex dtypes"):
             complex_op()
     # an op that makes complex results from real ones names itself, and nothing falls back
