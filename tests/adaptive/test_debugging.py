@@ -168,3 +168,12 @@ def test_pdb_steps_over_an_op_as_on_the_cpu(mode, tmp_path):
                          or line.startswith("(Pdb) ") and "> " not in line]
     # (`n` over the first op, which shows the device the debugger; then `s` steps line by line)
     assert shown["neuron"] == shown["cpu"] and "-> w = (z + 1).sum()" in shown["cpu"]
+
+
+def test_a_complex_scalar_raises_eagers_error():
+    # (recording cast the scalar before any dtype check: a TypeError of its own)
+    x = torch.ones(3, device="neuron")
+    with neuron_eager.adaptive_eager():
+        for op in (lambda: x * 1j, lambda: torch.mul(x, 2j), lambda: 1j + x):
+            with pytest.raises(RuntimeError, match="Trainium has no complex dtypes"):
+                op()
