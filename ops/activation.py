@@ -332,8 +332,10 @@ def gelu(x, *, approximate="none"):
 
 @register(aten.log_sigmoid_forward.default)
 def log_sigmoid_forward(x):
-    # The buffer stays empty, as on CUDA: the backward recomputes exp(-|x|).
-    return E.run(_LOG_SIGMOID, [x]), T.empty((0,), x.dtype)
+    # The buffer stays empty, as on CUDA: the backward recomputes exp(-|x|). The result is
+    # contiguous whatever x's layout, as the CPU's (x.view(-1) after it works there)
+    out = None if x.is_contiguous() else T.empty(tuple(x.shape), x.dtype)
+    return E.run(_LOG_SIGMOID, [x], out=out), T.empty((0,), x.dtype)
 
 
 # -- backwards: (grad_output, input or result) -> grad_input, formulas as on CPU ------------

@@ -741,7 +741,7 @@ def one_hot(x, num_classes=-1):
         raise RuntimeError("Class values must be smaller than num_classes.")
     classes = aten.arange.default(num_classes, dtype=torch.int64, device=x.device)
     return aten._to_copy.default(aten.eq.Tensor(aten.unsqueeze.default(x, -1), classes),
-                                 dtype=torch.int64)
+                                 dtype=torch.int64, memory_format=torch.contiguous_format)
 
 
 on_autograd_key("one_hot", one_hot)

@@ -227,7 +227,8 @@ _rrelus: dict = {}
 def _rrelu(x, noise, lower, upper, training):
     _float_only(x, "rrelu_with_noise_out_cpu")
     if not training:  # deterministic: leaky_relu with the mean slope; noise untouched
-        return aten.leaky_relu.default(x, (lower + upper) / 2), noise
+        out = aten.leaky_relu.default(x, (lower + upper) / 2)  # (contiguous, as the CPU's)
+        return (out if out.is_contiguous() else out.contiguous()), noise
     code = numerics.CODE[x.dtype]
     kernel = _rrelus.get(code)
     if kernel is None:

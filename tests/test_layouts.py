@@ -23,7 +23,18 @@ def _attention_heads_merged(device, **kwargs):
     return y.transpose(1, 2).view(B, T, H * E) if y.stride() == (60, 4, 12, 1) else y
 
 
+def _channels_last(device):
+    return torch.arange(120.0, device=device).sin().view(2, 3, 4, 5).contiguous(
+        memory_format=torch.channels_last)
+
+
+F = torch.nn.functional
 CASES = {"broadcast of a size-1 dim's stride": _broadcast_with_odd_strides,
+         # (contiguous on the CPU whatever the input's layout)
+         "logsigmoid of channels-last": lambda d: F.logsigmoid(_channels_last(d)),
+         "rrelu in eval of channels-last": lambda d: F.rrelu(_channels_last(d)),
+         "one_hot of transposed indices": lambda d: F.one_hot(
+             torch.arange(12, device=d).view(4, 3).t() % 5, 5),
          "attention in the query's memory order": _attention_heads_merged,
          "causal attention": lambda d: _attention_heads_merged(d, is_causal=True),
          "attention with dropout (the CPU's math path)": lambda d: _attention_heads_merged(
