@@ -217,9 +217,15 @@ def rot90(x, k=1, dims=(0, 1)):
 
 @register(aten.resize_as_.default)
 def resize_as_(x, template, *, memory_format=None):
+    # (the template's sizes alone, wherever it lies: a CPU or meta template, as on the CPU)
+    if not isinstance(x, T.NeuronTensor):
+        return aten.resize_.default(x, list(template.shape), memory_format=memory_format)
     from neuron_eager.ops.views import resize_
 
     return resize_(x, template.shape, memory_format)
+
+
+resize_as_.checks_devices = True
 
 
 # -- linspace / logspace with tensor bounds, and logspace -----------------------------------

@@ -461,6 +461,10 @@ VALUES = {
         torch.xlogy(_t(d, [0.5, 2.0, 7.0], dtype=torch.bfloat16), 1.01).float(),
         torch.xlogy(_t(d, [0.5, 2.0], dtype=torch.float16), 70000.0).float()]),
     "expand_as and F.normalize in inference mode": lambda d: _in_inference_mode(d),
+    "resize_as_ with a template on another device": lambda d: torch.cat([
+        torch.zeros(6, device=d).resize_as_(torch.empty(2, 2)).fill_(1).view(-1),
+        torch.zeros(6, device=d).resize_as_(torch.empty(1, 3, device="meta")).fill_(2).view(
+            -1)]),
     "is_set_to": lambda d: (lambda x: torch.tensor([x.is_set_to(x), x.is_set_to(x[:]),
                                                     x.is_set_to(x[1:]), x.is_set_to(x.t())]))(
         torch.ones(3, 3, device=d)),
