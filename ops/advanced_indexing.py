@@ -134,6 +134,11 @@ def _check_indexed_here(x) -> None:
 
 def _index_put_into(dst, indices, values, accumulate):
     """dst[indices] = values (or += with accumulate), written in place into dst."""
+    if not isinstance(dst, NeuronTensor) and isinstance(values, NeuronTensor) and \
+            values.dim() == 0 and not any(isinstance(i, NeuronTensor) for i in indices):
+        # a host tensor written with a neuron 0-dim value (cpu_x[mask] = loss): the value
+        # comes to the host, as CUDA's index_put_ takes a 0-dim value of another device
+        return aten.index_put_.default(dst, indices, values.cpu(), accumulate)
     _check_indexed_here(dst)
     mask = indices[0] if len(indices) == 1 else None
     if (not accumulate and isinstance(mask, NeuronTensor) and mask.dtype == torch.bool

@@ -465,6 +465,8 @@ VALUES = {
         torch.zeros(6, device=d).resize_as_(torch.empty(2, 2)).fill_(1).view(-1),
         torch.zeros(6, device=d).resize_as_(torch.empty(1, 3, device="meta")).fill_(2).view(
             -1)]),
+    "a CPU tensor written through a mask with a 0-dim value of the device": lambda d:
+        _setitem(torch.zeros(3), torch.tensor([True, False, True]), lambda x: _t(d, 2.)),
     "is_set_to": lambda d: (lambda x: torch.tensor([x.is_set_to(x), x.is_set_to(x[:]),
                                                     x.is_set_to(x[1:]), x.is_set_to(x.t())]))(
         torch.ones(3, 3, device=d)),
