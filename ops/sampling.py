@@ -18,7 +18,7 @@ from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.copy import honours_device
+from neuron_eager.ops.copy import honours_device, like_strides
 from neuron_eager.ops.factories import on_device_zero
 from neuron_eager.ops.fastmath import cos_f32, log_f32
 from neuron_eager.ops.jit import njit
@@ -387,9 +387,10 @@ _dropouts: dict = {}
 
 @register(aten.native_dropout.default)
 def native_dropout(x, p, train):
+    strides = like_strides(x, None)  # (results keep x's layout, as the CPU's: channels-last)
     if train is False:
-        return E.copy_into(T.empty(x.shape, x.dtype), x), \
-            E.copy_into(T.empty(x.shape, torch.bool), T.from_cpu(torch.tensor(True)))
+        return E.copy_into(T.empty(x.shape, x.dtype, strides), x), \
+            E.copy_into(T.empty(x.shape, torch.bool, strides), T.from_cpu(torch.tensor(True)))
     if not 0 <= p <= 1:
         raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
     if 0 < p < 1 and not x.dtype.is_floating_point:  # (the CPU's x * float mask, in place)
@@ -400,15 +401,28 @@ def native_dropout(x, p, train):
     if kernel is None:
         kernel = _dropouts[code] = _make_dropout(numerics.loader(code, "f32"),
                                                  numerics.storer(code))
-    src = x.contiguous()
-    out, mask = T.empty(x.shape, x.dtype), T.empty(x.shape, torch.bool)
+    out, mask = T.empty(x.shape, x.dtype, strides), T.empty(x.shape, torch.bool, strides)
+    flats = _in_memory_order(out, mask, x.clone(memory_format=torch.preserve_format)
+                             if strides is not None else x.contiguous())
+    if flats is None:  # (a layout whose memory order is not one flat run: contiguous)
+        out, mask = T.empty(x.shape, x.dtype), T.empty(x.shape, torch.bool)
+        flats = [t._nd.reshape(-1) for t in (out, mask, x.contiguous())]
     if x.numel():
         key, counter = default_generator.take(x.numel())
         scale = _F32(0) if p == 1 else _F32(1.0 / (1.0 - p))
-        kernel(out._nd.reshape(-1), mask._nd.reshape(-1), src._nd.reshape(-1), key, counter,
-               _F32(p), scale)
+        kernel(*flats, key, counter, _F32(p), scale)  # (draws in memory order)
         core.launch("gpsimd", x.numel(), 2 * out._nd.nbytes + mask._nd.nbytes)
     return out, mask
+
+
+def _in_memory_order(*tensors) -> list | None:
+    """Flat views of dense tensors of one layout, in their memory order (None if one is not a
+    single run in that order)."""
+    order = E.memory_order(tensors[0].stride())
+    views = [t._nd.transpose(order) for t in tensors]
+    if not all(v.flags.c_contiguous for v in views):
+        return None
+    return [v.reshape(-1) for v in views]
 
 
 _DROPOUT_BACKWARD = E.Elementwise("dropout_backward", njit(lambda g, m, s: g * m * s))

@@ -49,3 +49,16 @@ def test_layouts_as_on_cpu(name, adaptive):
         got = CASES[name]("neuron")
         assert got.stride() == want.stride()
         torch.testing.assert_close(got.reshape(-1).cpu(), want.reshape(-1))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_dropout_keeps_the_inputs_layout(train):
+    # (channels-last stopped at a dropout: its results were contiguous; the CPU keeps x's)
+    x = torch.randn(4, 8, 16, 16).contiguous(memory_format=torch.channels_last)
+    want_out, want_mask = torch.native_dropout(x, 0.5, train)
+    out, mask = torch.native_dropout(x.to("neuron"), 0.5, train)
+    assert out.stride() == want_out.stride() and mask.stride() == want_mask.stride()
+    out, mask = out.cpu(), mask.cpu()
+    assert torch.equal(out, x * mask * (2.0 if train else 1.0))  # (mask and output agree)
+    kept = mask.float().mean().item()
+    assert 0.45 < kept < 0.55 if train else kept == 1.0
