@@ -402,8 +402,9 @@ def native_dropout(x, p, train):
         kernel = _dropouts[code] = _make_dropout(numerics.loader(code, "f32"),
                                                  numerics.storer(code))
     out, mask = T.empty(x.shape, x.dtype, strides), T.empty(x.shape, torch.bool, strides)
-    flats = _in_memory_order(out, mask, x.clone(memory_format=torch.preserve_format)
-                             if strides is not None else x.contiguous())
+    src = x.contiguous() if strides is None else x if x.stride() == tuple(strides) else \
+        x.clone(memory_format=torch.preserve_format)  # (x itself when dense in its order)
+    flats = _in_memory_order(out, mask, src)
     if flats is None:  # (a layout whose memory order is not one flat run: contiguous)
         out, mask = T.empty(x.shape, x.dtype), T.empty(x.shape, torch.bool)
         flats = [t._nd.reshape(-1) for t in (out, mask, x.contiguous())]
