@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from neuron_eager.ops.copy import like_strides
 from neuron_eager.ops.registry import on_autograd_key, register
 
 aten = torch.ops.aten
@@ -126,9 +127,11 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         is_causal = False
     out = _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                           enable_gqa=enable_gqa)
-    if _flash_on_cpu(query, key, value, dropout_p) and not query.is_contiguous():
-        return _laid_out_like(out, query)
-    return out
+    strides = like_strides(query, None) if _flash_on_cpu(query, key, value, dropout_p) else None
+    if strides is None:
+        return out
+    laid_out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
+    return laid_out.copy_(out)
 
 
 # Note [The layout of attention's output]
@@ -140,12 +143,6 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
 def _flash_on_cpu(query, key, value, dropout_p) -> bool:
     return query.dim() == 4 and not dropout_p and key.dim() == value.dim() == 4 and \
         query.shape[1] == key.shape[1] and query.shape[-1] == key.shape[-1] == value.shape[-1]
-
-
-def _laid_out_like(out, query):
-    strides = torch.empty_like(query, device="meta").stride()
-    laid_out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
-    return laid_out.copy_(out)
 
 
 on_autograd_key("scaled_dot_product_attention", _sdpa)
