@@ -135,13 +135,15 @@ _TYPES_KEPT = 4096
 def _type(op, operands, key):
     """The result's dtype, compute type and (broadcast) shape, by PyTorch's rules; raises
     what the eager kernel raises."""
-    dtype, compute, cast = E.promotion(op, operands)
+    dtype, compute, cast, rounds = E.promotion(op, operands)
     if dtype not in T.STORAGE_DTYPE:  # (x * 1j: eager's error, not the scalar cast's)
         T.check_dtype(dtype)
     shape = E.broadcast_shape([o.shape for o in operands if type(o) is NeuronTensor])
     if len(_typed) >= _TYPES_KEPT:  # (keyed by shapes: a run whose shapes never repeat)
         _typed.clear()
-    typed = _typed[key] = (dtype, compute, shape, cast) if 0 not in shape else False
+    # (integers rounded to 16 bits first run eagerly: Note [Integers into 16-bit floats])
+    typed = _typed[key] = (dtype, compute, shape, cast) if 0 not in shape and \
+        rounds is None else False
     return typed
 
 

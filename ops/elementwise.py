@@ -142,8 +142,9 @@ def signature(operands) -> tuple:
 
 
 def promotion(op: Elementwise, operands, sig: tuple | None = None):
-    """(result dtype, compute type, scalar cast) of `op` on `operands`, by PyTorch's
-    promotion rules; the cast turns a Python scalar into a kernel argument.
+    """(result dtype, compute type, scalar cast, 16-bit dtype integer tensors round to
+    first or None) of `op` on `operands`, by PyTorch's promotion rules; the cast turns a
+    Python scalar into a kernel argument (Note [Integers into 16-bit floats] for the last).
 
     Computed on CPU stand-ins (torch.result_type on neuron tensors would dispatch) and
     cached by the operands' signature (given, or found here).
@@ -160,6 +161,18 @@ def promotion(op: Elementwise, operands, sig: tuple | None = None):
 BAREBONES = (torch.uint16, torch.uint32, torch.uint64)  # PyTorch's storage-only unsigned types
 
 
+# Note [Integers into 16-bit floats]
+# The CPU casts every tensor operand to the common dtype before the op (TensorIterator's
+# promote_inputs_to_common_dtype), so in `int32 + bf16` the integer is first rounded to
+# bf16: 257 adds as 256, and 70000 is fp16's inf. The engines load an integer straight to
+# fp32, exact below 2^24. Where the common dtype is bf16 or fp16 and an operand is an
+# integer tensor too wide for it to hold exactly (int16 and wider), that operand is
+# converted first, in a launch of its own, as the CPU's cast; adaptive eager runs such an
+# op eagerly. Rare in models (masks are bool or small), so the extra launch is not fused.
+_WIDE_INTS = (torch.int16, torch.int32, torch.int64)
+_HALVES = (torch.bfloat16, torch.float16)
+
+
 def _dtypes_uncached(op: Elementwise, keys):
     for k in keys:
         if isinstance(k, tuple) and k[0] in BAREBONES:
@@ -167,15 +180,23 @@ def _dtypes_uncached(op: Elementwise, keys):
                 f"{user_name(op)} has no neuron kernel for {k[0]}: PyTorch's {k[0]} is a storage "
                 f"type (copies and views); convert it first, e.g. x.to(torch.int32)")
     common = _result_type(keys)
-    if op.kind == "always_bool":
-        compute = numerics.compute_type(common)
-        return torch.bool, compute, numerics.scalar_cast(compute, common)
     if op.kind == "int_to_float" and not common.is_floating_point:
         common = torch.get_default_dtype()
-    elif op.float_only and not common.is_floating_point:
+    elif op.float_only and not common.is_floating_point and op.kind != "always_bool":
         raise NotImplementedError(f"\"{op.name}\" not implemented for '{T.dtype_name(common)}'")
     compute = numerics.compute_type(common)
-    return common, compute, numerics.scalar_cast(compute, common)
+    rounds = common in _HALVES and any(
+        isinstance(k, tuple) and k[0] in _WIDE_INTS for k in keys)
+    dtype = torch.bool if op.kind == "always_bool" else common
+    return dtype, compute, numerics.scalar_cast(compute, common), common if rounds else None
+
+
+def _ints_rounded(operands, common: torch.dtype) -> tuple:
+    """`operands` with each integer tensor converted to `common` (Note [Integers into 16-bit
+    floats])."""
+    return tuple(copy_into(T.empty(a.shape, common, None), a)  # (out's layout is chosen)
+                 if isinstance(a, NeuronTensor) and a.dtype in _WIDE_INTS else a
+                 for a in operands)
 
 
 _PROMOTE = Elementwise("promote", None)
@@ -388,10 +409,12 @@ def _plan_contiguous(op, operands, out=None, table=False):
     With `table`, the kernel is a multi-tensor loop over an address table (False for results
     that wrap int64 or round stochastically: their tensors run one by one), and a 0-dim tensor
     among operands with dims is one value for every row ("z")."""
-    dtype, compute, cast = promotion(op, operands)
+    dtype, compute, cast, rounds = promotion(op, operands)
+    if rounds is not None:
+        return False
     if out is not None:
-        if not torch.can_cast(dtype, out.dtype):
-            return False
+        if not torch.can_cast(dtype, out.dtype) or dtype != out.dtype and dtype in _HALVES:
+            return False  # (the general path raises, or rounds to dtype before out's)
         dtype = out.dtype
     kinds = tuple("o" if a is out else "s" if type(a) is not NeuronTensor else
                   "z" if table and a.dim() == 0 and any(b.dim() for b in operands if
@@ -455,7 +478,7 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
     for a in operands:
         if isinstance(a, torch.Tensor) and type(a) is not NeuronTensor:
             T.check_foreign(a)
-    result_dtype, compute, cast = promotion(op, operands)
+    result_dtype, compute, cast, rounds = promotion(op, operands)
     arrays = [a for a in operands if isinstance(a, NeuronTensor)]
     shape = broadcast_shape([a.shape for a in arrays]) if arrays else ()
     strides = None
@@ -470,10 +493,14 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
                                    f"broadcast shape {list(broadcast_shape([out.shape, shape]))}")
             shape = tuple(out.shape)
         overlap.check_no_internal_overlap(out)
-        if not _no_aliases(operands, out):
-            # another view of the output's memory: compute aside, then copy (no torn reads)
+        if not _no_aliases(operands, out) or (
+                out.dtype != result_dtype and result_dtype in _HALVES):
+            # another view of the output's memory: compute aside, then copy (no torn reads);
+            # a bf16/fp16 result for an out= of another dtype: the CPU rounds to it first
             tmp = run(op, operands, params, None)
             return copy_into(out, tmp)
+    if rounds is not None:  # (not planned: the converted operands' call is)
+        return run(op, _ints_rounded(operands, rounds), params, out)
     plan = _plan_launch(op, operands, out, shape, compute, cast)
     if plan is None:
         return _run_sliced(op, operands, params, out)

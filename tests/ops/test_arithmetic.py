@@ -555,3 +555,47 @@ def test_integer_division_by_zero_of_an_empty_tensor_is_empty(program):
     # (the CPU checks divisors in its loop, which an empty result never runs)
     x = torch.empty(0, dtype=torch.long)
     assert torch.equal(program(x.to("neuron")).cpu(), program(x))
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("int_dtype", [torch.int16, torch.int32, torch.int64])
+def test_wide_integers_round_to_the_16_bit_dtype_first(int_dtype, half):
+    # The CPU casts the integer tensor to bf16/fp16 before the op: 257 + bf16 0.5 is 256.5's
+    # neighbour of 256, and 2049 == fp16 2048 is True.
+    big = [257, 2049, -513, 32767, 1001] if int_dtype == torch.int16 else \
+        [257, 2049, -513, 70001, 1000001]
+    i = torch.tensor(big, dtype=int_dtype)
+    h = torch.tensor([0.5, 2048, -512, 3, 1], dtype=half)
+    for fn in (torch.add, torch.sub, torch.mul, torch.div, torch.eq, torch.lt, torch.maximum,
+               torch.atan2, lambda a, b: torch.where(a > 0, a, b),
+               lambda a, b: a.view(5, 1) * b.view(1, 5).t().t(),  # a broadcast
+               lambda a, b: torch.add(a, b, out=torch.empty(5, device=a.device)),
+               lambda a, b: b.clone().add_(a), lambda a, b: a[0] * b[0],
+               lambda a, b: torch._foreach_add([a, a], [b, b])):
+        check_op(fn, i, h)
+        check_op(fn, i.view(5, 1).expand(5, 5).t()[1], h)  # a strided integer operand
+
+
+def test_integers_rounding_to_16_bits_give_plain_eagers_bits_under_adaptive_eager():
+    i = torch.tensor([257, 2049, -513, 70001, 1000001], device="neuron")
+    h = torch.tensor([0.5, 2048, -512, 3, 1], dtype=torch.bfloat16, device="neuron")
+    plain = ((i + h) * 3, (i == h))
+    with neuron_eager.adaptive_eager():
+        for _ in range(3):  # (recorded, then fused)
+            fused = ((i + h) * 3, (i == h))
+            assert all(torch.equal(p.cpu(), f.cpu()) for p, f in zip(plain, fused))
+    cpu = ((i.cpu() + h.cpu()) * 3, i.cpu() == h.cpu())
+    assert all(torch.equal(p.cpu(), c) for p, c in zip(plain, cpu))
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_a_16_bit_result_is_rounded_before_a_wider_out(half, seed):
+    a, b = torch.randn(64, dtype=half), torch.randn(64, dtype=half) * 1e-3
+    for out_dtype in (torch.float32, torch.float64):
+        check_op(lambda x, y: torch.add(x, y, out=torch.empty(64, dtype=out_dtype,
+                                                              device=x.device)), a, b)
+        check_op(lambda x, y: torch.mul(x, y.view(8, 8).t(),  # the strided path
+                                        out=torch.empty(8, 8, dtype=out_dtype,
+                                                        device=x.device)), a.view(8, 8), b)
+        check_op(lambda x: torch.exp(x, out=torch.empty(64, dtype=out_dtype, device=x.device)),
+                 a)
