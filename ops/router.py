@@ -264,8 +264,11 @@ def _make_plan(func):
 dtype_name = T.dtype_name
 
 
-def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") -> None:
-    """Copy a computed result into an in-place or out= destination, as PyTorch checks it."""
+def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output",
+                 pointwise: bool = False) -> None:
+    """Copy a computed result into an in-place or out= destination, as PyTorch checks it.
+    A `pointwise` op's out= that must be resized takes the result's strides, as
+    TensorIterator restrides an output it resized (channels-last in, channels-last out)."""
     if not torch.can_cast(result.dtype, dst.dtype):
         raise RuntimeError(f"result type {dtype_name(result.dtype)} can't be cast to the desired "
                            f"output type {dtype_name(dst.dtype)}")
@@ -275,7 +278,7 @@ def write_result(dst: NeuronTensor, result: torch.Tensor, what: str = "output") 
                                f"shape {list(result.shape)}")
         from neuron_eager.ops.views import resize_output
 
-        resize_output(dst, result.shape)
+        resize_output(dst, result.shape, result.stride() if pointwise else None)
     aten.copy_.default(dst, result)
 
 
@@ -324,7 +327,7 @@ def _run_out(functional, pointwise, func, args, kwargs):
             dst.dtype != res.dtype for dst, res in zip(outs, results)):
         _out_dtype_like_cpu(func, names, outs, args, kwargs)
     for dst, res in zip(outs, results):
-        write_result(dst, res)
+        write_result(dst, res, pointwise=pointwise)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

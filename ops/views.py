@@ -259,9 +259,9 @@ def _tensors_holding(storage) -> list:
 register(aten.resize_.default)(resize_)
 
 
-def resize_output(x: NeuronTensor, shape) -> None:
+def resize_output(x: NeuronTensor, shape, stride=None) -> None:
     """PyTorch's resize_output: an out= tensor of another shape takes the result's, with a
-    deprecation warning when it held elements."""
+    deprecation warning when it held elements; then the dense `stride` given, if any."""
     if tuple(x.shape) == tuple(shape):
         return
     if x.numel() != 0:
@@ -273,6 +273,9 @@ def resize_output(x: NeuronTensor, shape) -> None:
                           f"tensor t by resizing it, inplace, to zero elements with "
                           f"t.resize_(0).")
     resize_(x, shape)
+    if stride is not None and tuple(stride) != x.stride():  # (a permutation: the same extent)
+        _compat.set_metadata(x, tuple(shape), tuple(stride), x.storage_offset())
+        T.refresh(x)
 
 
 @register(aten._resize_output_.default)  # (PyTorch's Python out= wrappers call it)

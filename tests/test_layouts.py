@@ -35,6 +35,10 @@ CASES = {"broadcast of a size-1 dim's stride": _broadcast_with_odd_strides,
          "rrelu in eval of channels-last": lambda d: F.rrelu(_channels_last(d)),
          "one_hot of transposed indices": lambda d: F.one_hot(
              torch.arange(12, device=d).view(4, 3).t() % 5, 5),
+         "out= resized for add of channels-last": lambda d: torch.add(
+             _channels_last(d), 1, out=torch.empty(0, device=d)),
+         "out= resized for exp of a transpose": lambda d: torch.exp(
+             _channels_last(d).transpose(0, 1), out=torch.empty(0, device=d)),
          "attention in the query's memory order": _attention_heads_merged,
          "causal attention": lambda d: _attention_heads_merged(d, is_causal=True),
          "attention with dropout (the CPU's math path)": lambda d: _attention_heads_merged(
