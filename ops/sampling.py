@@ -514,7 +514,31 @@ def random_from(x, from_, to=None, *, generator=None):
     check_generator(generator)
     _cpu_checks("random_", x, from_, to)
     to = _upper(x.dtype) + 1 if to is None else to
+    if x.dtype.is_floating_point:
+        from_, to = _representable_bounds(x.dtype, from_, to)
     return _fill_integers(x, from_, to - from_)
+
+
+def _as_stored(dtype: torch.dtype, v: int) -> int:
+    """v rounded to `dtype` as the CPU casts an int64 (through float for 16-bit types)."""
+    return int(torch.tensor(v).to(dtype).item())
+
+
+# Note [Random integers in a float type]
+# A draw v in [from, to) is stored rounded to nearest, so near the top of a float type's
+# exact range (bf16 above 256, fp32 above 2^24) `to - 1` could round up to `to` itself. The
+# CPU (DistributionTemplates' update_from/update_to) first moves the bounds in by one step
+# of the type's spacing where the rounded bound leaves the range: bf16 random_(250, 260)
+# draws 250..257 and stores at most 256, never 260.
+def _representable_bounds(dtype: torch.dtype, from_: int, to: int) -> tuple:
+    digits = {torch.float32: 24, torch.float64: 53, torch.bfloat16: 8, torch.float16: 11}[dtype]
+    below = _as_stored(dtype, from_ + 1)
+    if below < from_:
+        from_ = below + (1 << ((from_ + 1).bit_length() - digits))  # (one spacing)
+    above = _as_stored(dtype, to - 1)
+    if above >= to:
+        to = above - (1 << ((to - 1).bit_length() - digits))
+    return from_, to
 
 
 @register(aten.random_.to)
@@ -594,12 +618,12 @@ def _multinomial_replace(out, probs, key, counter):
     """Inverse-CDF sampling per row: a binary search of u * total in the running sums."""
     rows, k = probs.shape
     n = out.shape[1]
-    cdf = np.empty(k, np.float32)
+    cdf = np.empty(k, probs.dtype)  # (float64 probabilities stay float64: 1e-50 is one)
     for r in range(rows):
-        total = _F32(0)
-        for c in range(k):
-            total += probs[r, c]
-            cdf[c] = total
+        cdf[0] = probs[r, 0]
+        for c in range(1, k):
+            cdf[c] = cdf[c - 1] + probs[r, c]
+        total = cdf[k - 1]
         for s in range(n):
             w0, _ = philox(counter + np.uint64(r * n + s), key)
             u = uniform01(w0) * total
@@ -617,15 +641,16 @@ def _multinomial_replace(out, probs, key, counter):
 
 @njit(**_JIT)
 def _multinomial_once(out, probs, key, counter):
-    """Without replacement: the n smallest E/p with E ~ Exp(1) (an exponential race)."""
+    """Without replacement: the n smallest E/p with E ~ Exp(1) (an exponential race),
+    compared as log(E) - log(p): E/p overflows to inf for a tiny p, the key of a p of 0."""
     rows, k = probs.shape
     n = out.shape[1]
-    keys = np.empty(k, np.float32)
+    keys = np.empty(k, probs.dtype)
     for r in range(rows):
         for c in range(k):
             w0, _ = philox(counter + np.uint64(r * k + c), key)
             e = -np.log(uniform01_inside(w0))  # (> 0: a 0 would beat any probability)
-            keys[c] = e / probs[r, c] if probs[r, c] > 0 else np.inf
+            keys[c] = np.log(e) - np.log(probs[r, c]) if probs[r, c] > 0 else np.inf
         order = np.argsort(keys, kind="mergesort")
         for s in range(n):
             out[r, s] = order[s]
@@ -647,7 +672,8 @@ def multinomial(probs, num_samples, replacement=False, *, generator=None):
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
                            "replacement")
     rows = probs.shape[0] if probs.dim() == 2 else 1
-    p = E.copy_into(T.empty((rows, k), torch.float32), probs.reshape(rows, k))
+    p = E.copy_into(T.empty((rows, k), torch.float64 if probs.dtype == torch.float64 else
+                            torch.float32), probs.reshape(rows, k))
     host = T.cpu_alias(p)  # validation reads, as the CPU kernel checks before sampling
     if not torch.isfinite(host).all() or (host < 0).any():
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")

@@ -166,6 +166,22 @@ def test_multinomial(seed):
     assert abs((first == 2).double().mean() - 0.8) < 0.01  # without replacement: ~ p
 
 
+def test_multinomial_of_tiny_probabilities(seed):
+    # E / p overflowed to inf for a denormal p, the key of a p of 0: a zero-probability
+    # category was drawn, and equal tiny ones were ranked by index
+    rows = 20000
+    banned = torch.multinomial(torch.tensor([[0.0, 1e-40, 1.0]] * rows).to(NEURON), 2).cpu()
+    assert not (banned == 0).any()
+    second = torch.multinomial(torch.tensor([[1e-40, 1e-40, 1.0]] * rows).to(NEURON), 2).cpu()
+    assert abs((second[:, 1] == 0).double().mean() - 0.5) < 0.03
+    tiny64 = torch.tensor([[0.0, 1e-300, 1.0]] * 100, dtype=torch.float64)
+    assert not (torch.multinomial(tiny64.to(NEURON), 2).cpu() == 0).any()
+    # float64 probabilities below float32's range sample (they underflowed to a zero sum)
+    draws = torch.multinomial(torch.tensor([1e-50, 3e-50], dtype=torch.float64).to(NEURON),
+                              N, True).cpu()
+    assert abs((draws == 1).double().mean() - 0.75) < 0.02
+
+
 @pytest.mark.parametrize("fn", [
     lambda d: torch.empty(3, device=d).uniform_(1, 0),
     lambda d: torch.empty(3, device=d).normal_(0, -1),
@@ -396,3 +412,16 @@ def test_normal_of_two_tensors_takes_the_means_dtype(mean_dtype, std_dtype):
             torch.normal(mean.to(NEURON), std.to(NEURON))
         return
     assert torch.normal(mean.to(NEURON), std.to(NEURON)).dtype == want
+
+
+@pytest.mark.parametrize("dtype, low, high", [
+    (torch.bfloat16, 250, 260), (torch.bfloat16, 0, 1000), (torch.bfloat16, -300, 300),
+    (torch.float16, 2040, 2060), (torch.float32, 2 ** 24, 2 ** 24 + 4),
+    (torch.float64, 2 ** 53, 2 ** 53 + 8)])
+def test_random_integers_in_a_float_type_stay_below_to(dtype, low, high, seed):
+    # (Note [Random integers in a float type]: `to - 1` rounded to `to` was drawn)
+    with pytest.warns(UserWarning, match="out of bounds"):
+        want = torch.empty(20000, dtype=dtype).random_(low, high).unique()
+    with pytest.warns(UserWarning, match="out of bounds"):
+        got = torch.empty(20000, dtype=dtype, device=NEURON).random_(low, high).cpu().unique()
+    assert torch.equal(got, want)
