@@ -19,6 +19,7 @@ from torch._decomp import decomposition_table
 from torch.utils._pytree import tree_flatten, tree_map
 
 from neuron_eager.device_sim import config, core
+from neuron_eager.ops import _compat
 from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
@@ -460,6 +461,12 @@ def cpu_fallback(func, args, kwargs):
     _refuse_complex(name, out)
     for copy, original in copies:
         _write_back(original, copy)
+    for alias, original in inputs:  # an out= the CPU shrank or reshaped (rand(3, out=x5))
+        if alias.shape != original.shape or alias.storage_offset() or \
+                alias.stride() != original.stride():
+            _compat.set_metadata(original, tuple(alias.shape), alias.stride(),
+                                 original.storage_offset() + alias.storage_offset())
+            T.refresh(original)
     if name not in _warned:
         _warned.add(name)
         warn_at_user_line(f"Operator '{name}' fell back to CPU")

@@ -603,6 +603,40 @@ def randperm_out(n, *, out):
     return randperm_into(out, n)
 
 
+def _drawn_into(out: NeuronTensor, size, draw) -> NeuronTensor:
+    """A random factory's out= form: `draw` (a sampler filling its argument) into `out`
+    resized to `size`, the sampler's checks made first on an empty tensor, so that a refused
+    call leaves `out` as it was."""
+    from neuron_eager.ops.views import resize_output
+
+    draw(T.empty((0,), out.dtype))
+    resize_output(out, tuple(size))
+    return draw(out)
+
+
+@register(aten.rand.out)
+def rand_out(size, *, out):
+    return _drawn_into(out, size, uniform_)
+
+
+@register(aten.randint.out, aten.randint.generator_out)
+def randint_out(high, size, *, generator=None, out):
+    check_generator(generator)
+    return _drawn_into(out, size, lambda x: random_from(x, 0, high))
+
+
+@register(aten.randint.low_out, aten.randint.low_generator_out)
+def randint_low_out(low, high, size, *, generator=None, out):
+    check_generator(generator)
+    return _drawn_into(out, size, lambda x: random_from(x, low, high))
+
+
+@register(aten.normal.float_float_out)
+def normal_float_float_out(mean, std, size, *, generator=None, out):
+    check_generator(generator)
+    return _drawn_into(out, size, lambda x: normal_(x, mean, std))
+
+
 def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
     check_generator(generator)
     return randperm_into(T.empty(T.requested_shape((n,)), dtype or torch.int64), n)

@@ -433,8 +433,11 @@ def test_fallback_inplace_writes_reach_the_device():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         r = op(x.to("neuron"), out=out)
+        shrunk = op(x.to("neuron"), out=torch.zeros(2, 3).to("neuron"))
     assert r is out
     torch.testing.assert_close(out.cpu(), torch.special.i0e(x))
+    assert shrunk.shape == (4,)  # (the CPU resized its alias: the device tensor too)
+    torch.testing.assert_close(shrunk.cpu(), torch.special.i0e(x))
     assert "aten::special_i0e.out" in neuron_eager.get_fallback_ops() or \
         "aten::special_i0e" in neuron_eager.get_fallback_ops()
 

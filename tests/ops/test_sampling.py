@@ -425,3 +425,35 @@ def test_random_integers_in_a_float_type_stay_below_to(dtype, low, high, seed):
     with pytest.warns(UserWarning, match="out of bounds"):
         got = torch.empty(20000, dtype=dtype, device=NEURON).random_(low, high).cpu().unique()
     assert torch.equal(got, want)
+
+
+FACTORIES_WITH_OUT = {
+    "rand": lambda o: torch.rand(3, out=o), "randint": lambda o: torch.randint(9, (3,), out=o),
+    "randint low": lambda o: torch.randint(2, 9, (1, 3), out=o),
+    "normal": lambda o: torch.normal(0.0, 1.0, (3, 1), out=o)}
+
+
+@pytest.mark.parametrize("name", FACTORIES_WITH_OUT)
+def test_random_factories_with_out_draw_on_the_device(name):
+    # (they fell back to the CPU: drawn from its generator, and an out= of another shape
+    # was half written and not resized)
+    fn = FACTORIES_WITH_OUT[name]
+    want = fn(torch.empty(5))
+    neuron_eager.clear_op_tracking()
+    cpu_state = torch.get_rng_state()
+    draws = []
+    for _ in range(2):
+        torch.neuron.manual_seed(7)
+        out = torch.full((5,), -1.0, device=NEURON)
+        with pytest.warns(UserWarning, match="resized"):
+            assert fn(out) is out
+        draws.append(out.cpu())
+    assert draws[0].shape == want.shape and torch.equal(draws[0], draws[1])
+    assert (draws[0] != -1).all()
+    assert neuron_eager.get_fallback_ops() == {}
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    bad = torch.full((5,), 7, dtype=torch.int64, device=NEURON)
+    if name in ("rand", "normal"):  # a refused call leaves out as it was
+        with pytest.raises(NotImplementedError):
+            fn(bad)
+        assert bad.shape == (5,) and (bad.cpu() == 7).all()
