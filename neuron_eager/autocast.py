@@ -14,6 +14,8 @@ key excluded, as ATen's wrappers do.
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Callable, NamedTuple
 
 import torch
@@ -142,9 +144,42 @@ def _eligible(t) -> bool:
             and t.dtype is not torch.float64 and t.device.type == _TYPE)
 
 
+# Note [The autocast weight cache]
+# ATen's cached_cast keeps the lower-precision copy of a float32 leaf that requires grad (a
+# weight), made with grad enabled, until the outermost autocast block exits
+# (torch.clear_autocast_cache): a model's weights are cast once per block, and a weight
+# updated in place inside the block is still read as its earlier copy, on the CPU and on
+# CUDA alike; a training loop written inside one `with autocast` depends on it. The cache is
+# per thread, as ATen's; the copy is dropped with the weight (the weak reference).
+_local = threading.local()
+
+
+def _cached_cast(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if not (dtype is torch.get_autocast_dtype(_TYPE) and value.dtype is _FLOAT and
+            value.requires_grad and value.is_leaf and not value._is_view() and
+            torch.is_grad_enabled() and torch.is_autocast_cache_enabled()):
+        return value.to(dtype)
+    cache = getattr(_local, "casts", None)
+    if cache is None:
+        cache = _local.casts = {}
+    entry = cache.get(id(value))
+    if entry is not None and entry[0]() is value:
+        return entry[1]
+    cast = cache[id(value)] = (weakref.ref(value), value.to(dtype))
+    return cast[1]
+
+
+def _clear_cache(clear_atens=torch.clear_autocast_cache) -> None:
+    """torch.clear_autocast_cache, which torch.autocast calls on leaving its outermost block:
+    ATen's cache and this module's."""
+    _local.casts = None
+    clear_atens()
+
+
 def _cast(value, dtype: torch.dtype):
     if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.dtype is not dtype and _eligible(value) else value
+        return _cached_cast(value, dtype) if value.dtype is not dtype and _eligible(value) \
+            else value
     if isinstance(value, (list, tuple)):
         return [_cast(v, dtype) for v in value]
     return value
@@ -244,6 +279,7 @@ _LIBRARIES: list[torch.library.Library] = []  # registrations live as long as th
 
 
 def _register() -> None:
+    torch.clear_autocast_cache = _clear_cache
     everything = torch.library.Library("_", "IMPL")
     everything.fallback(torch.library.fallthrough_kernel, KEY)
     lib = torch.library.Library("aten", "IMPL")

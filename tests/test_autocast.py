@@ -257,3 +257,33 @@ def test_bare_autocast_defaults_to_bf16():
         y = torch.nn.functional.linear(torch.randn(2, 3, device="neuron"),
                                        torch.randn(4, 3, device="neuron"))
     assert y.dtype == torch.bfloat16
+
+
+def _weight_cache_program(device, cache_enabled=True):
+    """What a weight updated in place inside an autocast block is read as (Note [The
+    autocast weight cache])."""
+    w = torch.nn.Parameter(torch.ones(4, 4, device=device))
+    x = torch.ones(2, 4, device=device)
+    seen = []
+    with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=cache_enabled):
+        with torch.no_grad():
+            seen.append(torch.mm(x, w))  # (a cast under no_grad is not kept)
+        seen.append(torch.mm(x, w))
+        with torch.no_grad():
+            w.add_(1.0)
+        with torch.autocast(device, dtype=torch.bfloat16):  # an inner block keeps it too
+            seen.append(torch.mm(x, w))
+        seen.append(torch.mm(x, w))
+        seen.append(torch.mm(x, w[:2].t()))  # (a view is cast afresh)
+    seen.append(torch.mm(x, w))  # (outside: float32)
+    with torch.autocast(device, dtype=torch.bfloat16):  # a new block casts again
+        seen.append(torch.mm(x, w))
+    return [(t.detach().cpu(), t.requires_grad) for t in seen]
+
+
+@pytest.mark.parametrize("cache_enabled", [True, False])
+def test_weights_are_cast_once_per_autocast_block_as_on_the_cpu(cache_enabled):
+    want = _weight_cache_program("cpu", cache_enabled)
+    got = _weight_cache_program("neuron", cache_enabled)
+    for (g, g_grad), (w, w_grad) in zip(got, want):
+        assert torch.equal(g, w) and g.dtype == w.dtype and g_grad == w_grad
