@@ -32,11 +32,24 @@ class Options:
             raise ValueError(f"foreach_record_min must be an int >= 0, got {elements!r}")
         foreach.RECORD_MIN = elements
 
+    def __setattr__(self, name: str, value) -> None:
+        # (as neuron_eager.config: a typo or a value the policy cannot use is refused here,
+        # not met at the next flush or silently ignored)
+        least = _LEAST.get(name)
+        if least is None and name != "foreach_record_min":
+            raise AttributeError(f"adaptive.options has no setting {name!r}; the settings are "
+                                 f"{', '.join(sorted([*_LEAST, 'foreach_record_min']))}")
+        if least is not None and (isinstance(value, bool) or not isinstance(value, int) or
+                                  value < least):
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        object.__setattr__(self, name, value)
+
     def __repr__(self) -> str:
         return (f"Options(compile_after={self.compile_after}, max_ops={self.max_ops}, "
                 f"alone_skip={self.alone_skip}, foreach_record_min={self.foreach_record_min})")
 
 
+_LEAST = {"compile_after": 1, "max_ops": 1, "alone_skip": 0}  # each setting's smallest value
 options = Options()
 
 

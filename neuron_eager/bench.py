@@ -39,7 +39,7 @@ import numba
 import torch
 
 import neuron_eager  # noqa: F401  (the device)
-from neuron_eager import adaptive, workloads
+from neuron_eager import adaptive, outputs, workloads
 from neuron_eager.device_sim import core
 from neuron_eager.progress import Progress
 
@@ -299,7 +299,8 @@ def machine() -> dict:
 def _f(value, spec: str, width: int, unit: str = "") -> str:
     if value is None:
         return f"{'-':>{width + len(unit)}}"
-    return f"{value:{width}{spec}}{unit}"
+    text = f"{value:{width}{spec}}{unit}"
+    return text if text.startswith(" ") else " " + text  # (a wider value: still apart)
 
 
 def table(results: list[dict]) -> str:
@@ -412,6 +413,7 @@ def main(argv=None) -> int:
     repeat = preset["repeat"] if args.repeat is None else args.repeat
     if warmup < 0 or repeat < 1:
         parser.error("--warmup must be >= 0 and --repeat >= 1")
+    out = outputs.folder(parser, "--out", args.out)
     names = [n for n in args.workloads.split(",") if n]
     jobs = [script_job(s) for s in args.script]
     if names or not jobs:
@@ -428,8 +430,6 @@ def main(argv=None) -> int:
     progress.close()
     print(table(results))
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     report = {"machine": info, "settings": {"warmup": warmup, "repeat": repeat,
                                             "modes": list(modes), "sizes": list(sizes)},
               "results": results}

@@ -26,6 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 import neuron_eager
+from neuron_eager import outputs
 from neuron_eager.progress import Progress
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -345,6 +346,9 @@ def main(argv=None) -> int:
                      f"{args.min_native_rate:g}")
     if args.budget <= 0:
         parser.error("--budget must be a positive number of seconds")
+    for flag, path in (("--out", args.out), ("--coverage-md", args.coverage_md)):
+        if path:
+            outputs.file(parser, flag, path)
 
     from torch.testing._internal.common_methods_invocations import op_db
 

@@ -124,6 +124,10 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--sizes", "huge"])
     assert e.value.code == 2
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit) as e:  # (a traceback after the whole run, before)
+        bench.main(["--workloads", "gelu", "--out", str(tmp_path / "a_file")])
+    assert e.value.code == 2 and "cannot make this folder" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="no workload 'nope'"):
         bench.main(["--workloads", "nope", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="has no function 'step'"):

@@ -80,7 +80,10 @@ def test_unknown_op_names_and_dtypes_are_refused_with_suggestions(capsys):
 
 
 @pytest.mark.parametrize("args,words", [(["--min-native-rate", "95"], "fraction in [0, 1]"),
-                                        (["--samples", "0"], "1 or more")])
+                                        (["--samples", "0"], "1 or more"),
+                                        # (after the run, the results lost: checked first now)
+                                        (["--out", "/proc/nope/x.json"], "cannot make"),
+                                        (["--coverage-md", "/"], "a folder, not a file")])
 def test_options_out_of_range_are_usage_errors(args, words, capsys):
     with pytest.raises(SystemExit) as stop:
         conformance.main(["--ops", "add", *args])

@@ -756,3 +756,14 @@ def test_explain_counts_the_ops_nothing_read():
     torch.neuron.synchronize()
     assert y.tolist() == [3.0] * 8
     assert adaptive.explain(1).startswith("region of 6 ops (4 not run: nothing read their")
+
+
+@pytest.mark.parametrize("name, value, error", [
+    ("max_op", 3, AttributeError), ("compile_after", "x", ValueError),
+    ("max_ops", 0, ValueError), ("alone_skip", -2, ValueError), ("compile_after", True, ValueError)])
+def test_options_refuse_what_the_policy_cannot_use(name, value, error):
+    # (a typo did nothing; compile_after="x" raised a TypeError at the next flush)
+    before = repr(adaptive.options)
+    with pytest.raises(error, match=name):
+        setattr(adaptive.options, name, value)
+    assert repr(adaptive.options) == before
