@@ -149,7 +149,8 @@ def pack_padded_sequence(input, lengths, batch_first):
     CPU tensor, as on CUDA."""
     if not isinstance(lengths, torch.Tensor) or lengths.device.type != "cpu":
         raise RuntimeError("'lengths' argument should be a 1D CPU int64 tensor, but got "
-                           f"1D {lengths.device.type} {str(lengths.dtype)[6:]} tensor")
+                           f"{lengths.dim()}D {lengths.device.type} "
+                           f"{T.dtype_name(lengths.dtype)} tensor")
     lead = tuple(input.shape[:2])
     index = torch.arange(lead[0] * lead[1]).reshape(lead)
     rows, batch_sizes = aten._pack_padded_sequence.default(index, lengths, batch_first)

@@ -67,6 +67,13 @@ def test_packed_sequences_through_a_bidirectional_lstm(batch_first, seed):
     with pytest.raises(RuntimeError, match="must be sorted in decreasing order"):
         pack_padded_sequence(x.detach().to(NEURON), torch.tensor([2, 6, 4]),
                              batch_first=batch_first)
+    with pytest.raises(RuntimeError) as cpu_error:  # (ATen's words for a tensor)
+        torch._VF._pack_padded_sequence(x.detach(), torch.tensor([[6, 4]], dtype=torch.int32),
+                                        batch_first)
+    with pytest.raises(RuntimeError) as error:  # (lengths on the device: refused as on CUDA)
+        pack_padded_sequence(x.detach().to(NEURON), torch.tensor([[6, 4]], device=NEURON),
+                             batch_first=batch_first)
+    assert str(error.value) == str(cpu_error.value).replace("cpu Int", "neuron Long")
 
 
 def _sig_grad(s):
