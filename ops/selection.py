@@ -15,6 +15,7 @@ from torch._decomp import decomposition_table
 
 from neuron_eager.device_sim import core
 from neuron_eager.ops import histogram  # noqa: F401  (histc, bincount, histogram)
+from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import numerics
 from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
@@ -611,29 +612,24 @@ def _search(op, boundaries, values, out_int32, right, side=None, sorter=None, sc
         if right and side == "left":
             raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, "
                                "got side of left while right was True")
-    if scalar:
-        result = _meta(op, boundaries, values, out_int32=out_int32, right=right, side=side,
-                       sorter=sorter)
-        # CPU compares a float scalar in float64, which computes as fp32 here anyway
-        vdtype = torch.float32 if isinstance(values, float) else \
-            torch.bool if isinstance(values, bool) else torch.int64
-    elif op is aten.bucketize.Tensor:
+    if op is aten.bucketize.Tensor:
         result = _meta(op, values, boundaries, out_int32=out_int32, right=right)
-        vdtype = values.dtype
     else:
         result = _meta(op, boundaries, values, out_int32=out_int32, right=right, side=side,
                        sorter=sorter)
-        vdtype = values.dtype
     out = T.empty(result.shape, result.dtype)
     if out.numel() == 0:
         return out
-    dtype = torch.promote_types(boundaries.dtype, vdtype)
+    # The CPU compares in result_type(boundaries, values): a Python scalar or a 0-dim value
+    # ranks below the boundaries, so it is cast to their dtype (rounded to fp16, wrapped to
+    # uint8) rather than the boundaries widened to its own.
+    dtype = E.result_type(boundaries, values)
     if dtype == torch.bool:
         raise NotImplementedError('"searchsorted_out_cpu" not implemented for \'Bool\'')
-    if scalar:
-        v = T.empty((), dtype)
-        _nd(v)[0] = numerics.encode_scalar(values, dtype)
-        values = v
+    if scalar:  # (as the CPU's wrapped number: a double or a long, then cast)
+        wide = torch.float64 if isinstance(values, float) else \
+            torch.bool if isinstance(values, bool) else torch.int64
+        values = T.from_cpu(torch.tensor(values, dtype=wide).to(dtype))
     bd = boundaries.to(dtype).contiguous()
     values = values.to(dtype).contiguous()
     nb = bd.shape[-1] if bd.dim() else 1

@@ -157,6 +157,25 @@ def test_searchsorted_mixed_dtypes_and_nan():
         torch.searchsorted(bd.to("neuron"), bd.to("neuron"), side="left", right=True)
 
 
+@pytest.mark.parametrize("bd", [
+    torch.tensor([1.0, 1.0009765625, 2.0], dtype=torch.float16),
+    torch.tensor([1.0, 1.0078125, 2.0], dtype=torch.bfloat16),
+    torch.tensor([0, 5, 200], dtype=torch.uint8),
+    torch.tensor([-128, 5, 44, 127], dtype=torch.int8),
+], ids=str)
+def test_searchsorted_scalar_values_take_the_boundaries_dtype(bd):
+    """A Python scalar or a 0-dim value is cast to the boundaries' dtype, as result_type
+    ranks it (rounded to fp16/bf16, wrapped to uint8), before it is compared."""
+    for v in (1.0001, 1.0005, 1.004, -1, 300, 261, -129, 2.5):
+        for right in (False, True):
+            check_op(lambda b: torch.searchsorted(b, v, right=right), bd)
+            check_op(lambda b: torch.bucketize(v, b, right=right), bd)
+            check_op(lambda b, t: torch.searchsorted(b, t, right=right), bd, torch.tensor(v))
+            check_op(lambda t, b: torch.bucketize(t, b, right=right), torch.tensor(v), bd)
+    # a 1-dim value keeps its own rank: the boundaries are widened to it
+    check_op(torch.searchsorted, bd, torch.tensor([1.0005, 300.0]))
+
+
 def test_isin(seed):
     a, b = torch.randint(0, 9, (4, 5)), torch.randint(0, 9, (6,))
     check_op(torch.isin, a, b)
