@@ -290,7 +290,7 @@ def sort_rows(op, x, dim: int, descending: bool, k: int | None = None, engine="g
     kern = R.kernel(family, x.dtype, x.dtype, compute, op)
     r = R.rows(x, dims)
     dstarts, dstride = _dest(vals, d)
-    nk = r.n if k is None else k
+    nk = r.n if k is None or not shape else k  # (a 0-dim topk(x, 0) is (x, 0) on the CPU)
     src, out_values, out_indices = R.flat(x), R.flat(vals), R.flat(idxs)  # (any layout)
 
     def run(lo, hi):

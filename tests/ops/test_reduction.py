@@ -271,6 +271,15 @@ def test_scalars():
         check_op(fn, s)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_selections_of_a_scalar_with_k_at_the_edge(dtype):
+    # a 0-dim topk(x, 0) is (x, 0) on the CPU: k counts nothing there
+    s = torch.tensor(2.5).to(dtype)
+    for fn in (lambda t: t.topk(0), lambda t: t.topk(0, -1, largest=False, sorted=False),
+               lambda t: t.topk(1, 0), lambda t: t.kthvalue(1), lambda t: t.sort(0)):
+        check_op(fn, s)
+
+
 def test_empty_inputs():
     e = torch.empty(0, 3)
     check_op(torch.sum, e)  # 0
