@@ -382,8 +382,14 @@ def fill_tensor_(x, value):
                            f"{value.dim()} dimensions.")
     if isinstance(value, NeuronTensor):  # (the CPU copies a same-device value: its check)
         overlap.check_no_internal_overlap(x)
-    if x.dtype.is_floating_point and value.dtype.is_floating_point:
-        value = value.to(x.dtype)  # (a tensor's value is cast, not range-checked: fp16 inf)
+    if value.dtype != x.dtype:
+        # the CPU copies a tensor's value in: cast as a copy casts (300 wraps to 44 in int8,
+        # 1e6 is inf in fp16), not range-checked as a Python number is; one element, cast
+        # by the CPU itself (exact for any int64)
+        if isinstance(value, NeuronTensor):
+            core.launch("dma", 1, value.element_size())
+            value = T.cpu_alias(value)
+        value = value.to(x.dtype)
     return fill(x, value.item())
 
 
@@ -394,7 +400,12 @@ def zero_(x):
 
 @register(aten.fill.Scalar)
 def fill_functional(x, value):
-    return fill(T.empty(x.shape, x.dtype), value)
+    return fill(uninitialized_like(x), value)  # (empty_like: x's layout, as on the CPU)
+
+
+@register(aten.fill.Tensor)
+def fill_tensor_functional(x, value):
+    return fill_tensor_(uninitialized_like(x), value)
 
 
 def _like_dtype(x, dtype):

@@ -98,7 +98,22 @@ VALUES_CAST_WITHOUT_A_CHECK = {
     "threshold's threshold, fp16": lambda x: F.threshold(x.half(), 70000.0, 1.0),
     "fill_ with a float32 tensor, fp16": lambda x: x.half().fill_(torch.tensor(70000.0)),
     "fill_ with a float64 tensor": lambda x: x.fill_(torch.tensor(1e39, dtype=torch.float64)),
+    # a 0-dim value on the device is copied in: wrapped, not range-checked
+    "fill_ int8 with a long tensor": lambda x: x.to(torch.int8).fill_(_t(300, x)),
+    "fill_ int8 with a negative long": lambda x: x.to(torch.int8).fill_(_t(-129, x)),
+    "fill_ uint8 with a float tensor": lambda x: x.to(torch.uint8).fill_(_t(-3.5, x)),
+    "fill_ int32 with a float nan": lambda x: x.to(_INT).fill_(_t(float("nan"), x)),
+    "fill_ fp16 with a long past its range": lambda x: x.half().fill_(_t(2 ** 40, x)),
+    "fill_ bool with a long past int32": lambda x: x.bool().fill_(_t(2 ** 40, x)),
+    "fill int8 with a float tensor": lambda x: torch.fill(x.to(torch.int8), _t(300.7, x)),
+    "fill bf16 with a long tensor": lambda x: torch.fill(x.bfloat16(), _t(2 ** 40 + 1, x)),
+    "fill of a transposed input": lambda x: torch.fill(x.repeat(3, 1).t(), 2.0).stride(),
+    "fill_ with a tensor, transposed": lambda x: torch.fill(x.repeat(3, 1).t(), _t(2, x)),
 }
+
+
+def _t(value, x):
+    return torch.tensor(value, device=x.device)
 
 
 @pytest.mark.parametrize("name", VALUES_CAST_WITHOUT_A_CHECK)
@@ -106,7 +121,11 @@ def test_values_cast_without_a_check_as_on_cpu(name):
     x = torch.tensor([1.5, -2.0])
     expected = VALUES_CAST_WITHOUT_A_CHECK[name](x.clone())
     got = VALUES_CAST_WITHOUT_A_CHECK[name](x.to("neuron"))
+    if isinstance(expected, tuple):  # (strides)
+        assert got == expected
+        return
     assert got.dtype == expected.dtype and torch.equal(got.cpu(), expected)
+    assert got.stride() == expected.stride()
 
 
 @pytest.mark.parametrize("adaptive", [False, True], ids=["plain", "adaptive"])
