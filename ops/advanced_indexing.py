@@ -17,7 +17,7 @@ from neuron_eager.ops import elementwise as E
 from neuron_eager.ops import indexing as I
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.copy import fill
+from neuron_eager.ops.copy import clone, fill
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.overlap import has_internal_overlap
 from neuron_eager.ops.registry import register
@@ -163,9 +163,9 @@ def _index_put_into(dst, indices, values, accumulate):
     if not fits:
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot "
                            f"be broadcast to indexing result of shape {list(shape)}")
-    vstr = I._bstrides(values, shape)
     if values._storage is dst._storage:
         values = I._clone(values)
+    vstr = I._bstrides(values, shape)  # (the clone's: a dense copy of a sparse layout)
     if not T.numel(shape):
         return dst
     if not accumulate:
@@ -188,7 +188,8 @@ def _index_put_into(dst, indices, values, accumulate):
 
 @register(aten.index_put.default)
 def index_put(x, indices, values, accumulate=False):
-    return _index_put_into(I._clone(x), indices, values, accumulate)
+    # (the CPU's is x.clone(preserve_format).index_put_(...): x's layout)
+    return _index_put_into(clone(x), indices, values, accumulate)
 
 
 @register(aten.index_put_.default)
@@ -235,8 +236,11 @@ def put_flat(x, index, source, accumulate=False):
         bad = a[np.flatnonzero((a < -n) | (a >= n))[0]]
         raise IndexError(f"out of range: tried to access index {bad} on a tensor of {n} "
                          "elements.")
-    out = I._clone(x)
+    out = clone(x)  # (x.clone(preserve_format).put_(...) on the CPU: dense, in x's layout)
     flat_out = I.view(out, (n,), (1,))
+    if not out.is_contiguous() and a.size:  # (x's element order: where each one lies)
+        pos = np.unravel_index(np.where(a < 0, a + n, a), out.shape)
+        idx = T.from_cpu(torch.from_numpy(sum(p * s for p, s in zip(pos, out.stride()))))
     src = I.contiguous(I.on_device(source)).reshape(-1)
     k = idx.numel()
     if accumulate:  # into the output dtype, as index_put does (see _index_put_into)

@@ -22,7 +22,7 @@ from neuron_eager.ops import kernelgen, numerics, workers
 from neuron_eager.ops.meta import as_cpu_kernels, in_cpu_words
 from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
-from neuron_eager.ops.copy import fill
+from neuron_eager.ops.copy import clone, fill
 from neuron_eager.ops.jit import njit
 from neuron_eager.ops.registry import on_autograd_key, register
 from neuron_eager.ops.unsupported import refuse_sparse_gradient
@@ -611,6 +611,7 @@ def _scatter_prep(op, x, dim, index, src, *extra, **kwargs):
 
 
 def _clone(x: NeuronTensor) -> NeuronTensor:
+    """A contiguous copy (what the CPU's structured index_copy and scatter return)."""
     return E.copy_into(T.empty(x.shape, x.dtype), x)
 
 
@@ -628,7 +629,8 @@ def scatter(x, dim, index, src):
 @register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(x, dim, index, value):
     index, value = check_index_fill(x, dim, index, value)
-    return _shaped(index_fill_into(_clone(_as1d(x)), dim, index, value), x)
+    # (the CPU's is x.clone(preserve_format).index_fill_(...): x's layout)
+    return _shaped(index_fill_into(clone(_as1d(x)), dim, index, value), x)
 
 
 def check_index_fill(x, dim, index, value):

@@ -40,8 +40,9 @@ _ADDR_BOOL = E.Elementwise("addr_bool", njit(
 @register(aten.addr.default)
 def addr(x, vec1, vec2, *, beta=1, alpha=1):
     meta = meta_call(aten.addr.default, x, vec1, vec2, beta=beta, alpha=alpha)
-    out = T.empty(meta.shape, meta.dtype)
     col, row = vec1.reshape(-1, 1), vec2.reshape(1, -1)
+    # laid out by TensorIterator over (self, vec1, vec2), self included even where beta == 0
+    out = T.empty(meta.shape, meta.dtype, E.output_strides([x, col, row], meta.shape))
     if meta.dtype == torch.bool:
         return E.run(_ADDR_BOOL, [x, col, row], [bool(beta), bool(alpha)], out=out)
     if beta == 0:  # self is ignored, NaN and inf included, as on the CPU

@@ -343,7 +343,7 @@ def _make_scatter(view_op):
         from neuron_eager.ops.copy import clone
         from neuron_eager.ops.elementwise import copy_into
 
-        out = clone(x, memory_format=torch.contiguous_format)
+        out = clone(x)  # (in x's layout, as the CPU's)
         target = view(out, *args, **kwargs)
         if tuple(target.shape) != tuple(src.shape):
             raise RuntimeError(f"expected src to have a size equal to the slice of self. src "

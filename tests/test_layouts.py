@@ -42,7 +42,43 @@ CASES = {"broadcast of a size-1 dim's stride": _broadcast_with_odd_strides,
          "attention in the query's memory order": _attention_heads_merged,
          "causal attention": lambda d: _attention_heads_merged(d, is_causal=True),
          "attention with dropout (the CPU's math path)": lambda d: _attention_heads_merged(
-             d, dropout_p=1.0)}
+             d, dropout_p=1.0),
+         # x.clone(preserve_format) and an in-place write, on the CPU: x's layout
+         "index_fill of a transpose": lambda d: _transposed(d).index_fill(0, _i(d, 1), 1.0),
+         "index_fill of channels-last by a tensor": lambda d: _channels_last(d).index_fill(
+             1, _i(d, 0), torch.tensor(0.0, device=d)),
+         "put of a transpose": lambda d: _transposed(d).put(_i(d, 1, -3), _i(d, 7.0, 8.0)),
+         "put of channels-last, accumulated": lambda d: _channels_last(d).put(
+             _i(d, 0, 5, 5, -1), _i(d, 1.0, 2.0, 3.0, 4.0), accumulate=True),
+         "index_put of a transpose": lambda d: _transposed(d).index_put(
+             (_i(d, 1),), _i(d, 1.0)),
+         "index_put of channels-last, accumulated": lambda d: _channels_last(d).index_put(
+             (_i(d, 1), _i(d, 2)), _i(d, 1.0), accumulate=True),
+         "slice_scatter of a transpose": lambda d: torch.slice_scatter(
+             _transposed(d), torch.zeros(1, 4, device=d), 0, 0, 1),
+         "select_scatter of channels-last": lambda d: torch.select_scatter(
+             _channels_last(d), torch.zeros(3, 4, 5, device=d), 0, 1),
+         "diagonal_scatter of a transpose": lambda d: torch.diagonal_scatter(
+             _transposed(d), torch.zeros(4, device=d)),
+         "fill of a transpose": lambda d: torch.fill(_transposed(d), 2.0),
+         # (structured kernels: contiguous whatever x's layout)
+         "index_copy of a transpose": lambda d: _transposed(d).index_copy(
+             0, _i(d, 1), torch.ones(1, 4, device=d)),
+         "scatter of channels-last": lambda d: _channels_last(d).scatter(
+             0, torch.zeros(1, 3, 4, 5, dtype=torch.long, device=d), 2.0),
+         # TensorIterator over (self, vec1, vec2): self's layout, with beta 0 too
+         "addr of a transpose": lambda d: torch.addr(
+             _transposed(d), torch.arange(6.0, device=d), torch.arange(4.0, device=d)),
+         "addr of a transpose, beta 0": lambda d: torch.addr(
+             _transposed(d), torch.arange(6.0, device=d), torch.arange(4.0, device=d), beta=0)}
+
+
+def _transposed(device):
+    return torch.arange(24.0, device=device).view(4, 6).t()
+
+
+def _i(device, *values):
+    return torch.tensor(values, device=device)
 
 
 @pytest.mark.parametrize("adaptive", [False, True], ids=["plain", "adaptive"])
