@@ -46,6 +46,8 @@ def addr(x, vec1, vec2, *, beta=1, alpha=1):
     if meta.dtype == torch.bool:
         return E.run(_ADDR_BOOL, [x, col, row], [bool(beta), bool(alpha)], out=out)
     if beta == 0:  # self is ignored, NaN and inf included, as on the CPU
+        if E.result_type(col, row) != meta.dtype:  # (self's dtype still counts: computed in
+            col, row = col.to(meta.dtype), row.to(meta.dtype)  # it, not rounded to theirs)
         return E.run(_ADDR_NO_SELF, [col, row], [alpha], out=out)
     return E.run(_ADDR, [x, col, row], [beta, alpha], out=out)
 
