@@ -525,7 +525,14 @@ def gesdd_kernel(a, u, s, vh, jobz, info):
         info[b] = iv[7]
         for i in range(k):
             s[b, i] = sv[i]
-        if ucols:
+        if jobz != 78 and k == 0:  # (gesdd returns at once, writing nothing: the CPU's factors of
+            for i in range(u.shape[1]):  # an empty matrix are identities)
+                for j in range(ucols):
+                    u[b, i, j] = np.float32(i == j)
+            for i in range(vrows):
+                for j in range(n):
+                    vh[b, i, j] = np.float32(i == j)
+        elif jobz != 78:
             from_f(wu, m, u[b])
             from_f(wv, vrows, vh[b])
 
@@ -705,6 +712,11 @@ def linalg_check_errors(info, api_name, *, is_matrix):
 
 
 # matrix_rank and pinv build float64 tolerance tensors in C++ for inputs of any dtype: the
-# float64 warning would name the user's line for a tensor the user never made
-around_decomposition(float64_temporaries, aten.linalg_matrix_rank, aten.linalg_pinv)
+# float64 warning would name the user's line for a tensor the user never made.
+# matrix_rank's default rtol is the eps of its input's dtype times max(m, n): a float64 input
+# computes as float32, so it decomposes as float32 (the int64 rank is the same otherwise) and
+# the default cuts float32's round-off singular values, as linalg_pinv and lstsq do.
+around_decomposition(float64_temporaries, aten.linalg_pinv)
+around_decomposition(float64_temporaries, aten.linalg_matrix_rank,
+                     first=lambda x: x.to(F32) if x.dtype == torch.float64 else x)
 

@@ -370,11 +370,13 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
                            f"{{{list(a.shape)}}}): expected a tensor with 2 or more dimensions "
                            "of float, double, cfloat or cdouble types")
     # (torch's composition forms tolerances in float64; the device computes float64 as
-    # float32, so float32 gives the same values without a float64 warning)
+    # float32, so float32 gives the same values without a float64 warning, and the default
+    # rtol is float32's eps whatever the dtype: float64's would keep float32's round-off
+    # singular values, inverting them to ~1e7)
     opts = dict(dtype=a.dtype, device=a.device)
     atol_t = atol if atol is not None else torch.zeros((), **opts)
     if rtol is None:
-        default = torch.full((), float(np.finfo(np.float32 if a.dtype == F32 else np.float64).eps)
+        default = torch.full((), float(np.finfo(np.float32).eps)
                              * max(a.shape[-1], a.shape[-2]), **opts)
         rtol = torch.where(atol > 0, torch.zeros((), **opts), default) if atol is not None \
             else default
@@ -437,6 +439,9 @@ def matrix_exp_kernel(a, out, thetas, degrees):
             if norm <= thetas[d]:
                 deg = degrees[d]
                 break
+        if np.isinf(norm):  # (no number of squarings: the CPU's result is all NaN)
+            out[b] = np.float32(np.nan)
+            continue
         s = 0
         if norm > thetas[-1]:
             s = int(np.ceil(np.log2(norm / thetas[-1])))

@@ -82,19 +82,35 @@ def _below_autograd(op: torch._ops.OpOverload) -> Callable:
     return kernel
 
 
-def around_decomposition(wrap: Callable, *ops) -> None:
+def around_decomposition(wrap: Callable, *ops, first: Callable | None = None) -> None:
     """Run the CompositeImplicitAutograd `ops` as they decompose, inside `wrap()` (a context
     manager): for what must hold while their inner ops run, such as a warning that belongs to
-    the user's tensors and not to temporaries the decomposition makes."""
+    the user's tensors and not to temporaries the decomposition makes. `first`, if given,
+    maps the first argument before the decomposition sees it."""
     for op in ops:
         for overload in _overloads(op):
             if not torch._C._dispatch_has_kernel_for_dispatch_key(overload.name(),
                                                                   "CompositeImplicitAutograd"):
                 continue  # (pinv with tensor tolerances has a kernel and a derivative)
 
-            def kernel(*args, _op=overload, **kwargs):
+            def kernel(x, *args, _op=overload, **kwargs):
                 with wrap():
-                    return _op.decompose(*args, **kwargs)
+                    result = _op.decompose(first(x) if first else x, *args, **kwargs)
+                out = kwargs.get("out")
+                if isinstance(out, torch.Tensor) and result is not out:
+                    _into_out(out, result)
+                    return out
+                return result
 
             on_autograd_key(overload.name(), kernel)
+
+
+# Note [Composite out= on tensor subclasses]
+# Some of torch's composite out= kernels (linalg_matrix_rank's) take the functional path for
+# tensor subclasses, ours included, and rebind their C++ `result` to its value: the caller's
+# out tensor is returned unwritten. The value is written into it here, as resize_output and
+# copy_ would (the composite has already checked out's device and dtype).
+def _into_out(out: torch.Tensor, result: torch.Tensor) -> None:
+    torch.ops.aten._resize_output_.default(out, result.shape, out.device)
+    out.copy_(result)
 

@@ -142,3 +142,43 @@ def test_matrix_exp_of_16_bit_floats(dtype, seed):
     got = torch.linalg.matrix_exp(a.to("neuron")).cpu()
     assert got.dtype == dtype
     torch.testing.assert_close(got.double(), exact, rtol=2e-2, atol=1e-2)
+
+
+def test_rank_deficient_float64_tolerances(seed):
+    # float64 computes as float32: the default tolerances must cut float32's round-off
+    # singular values (float64's eps kept them: pinv ~1e7, full rank)
+    r = torch.randn(6, 3, dtype=torch.float64) @ torch.randn(3, 5, dtype=torch.float64)
+    h = r @ r.mT
+    check_op(torch.linalg.pinv, r, rtol=1e-4, atol=1e-5)
+    check_op(lambda x: torch.linalg.pinv(x, hermitian=True), h, rtol=1e-3, atol=1e-5)
+    check_op(torch.linalg.matrix_rank, r)
+    check_op(lambda x: torch.linalg.matrix_rank(x, hermitian=True), h)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"hermitian": True}, {"atol": 0.1, "rtol": 0.0},
+                                    {"tol": 0.5}])
+def test_matrix_rank_out(kwargs, seed):
+    a = _spd(4, 4) - 4 * torch.eye(4)
+    for device in ("cpu", "neuron"):
+        out = torch.full((), -7, dtype=torch.int64, device=device)
+        assert torch.linalg.matrix_rank(a.to(device), out=out, **kwargs) is out
+        if device == "cpu":
+            expected = out
+    assert out.item() == expected.item()
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (2, 0, 3), (0, 0)])
+def test_svd_of_empty_matrices(shape):
+    # gesdd writes nothing for an empty matrix: the CPU's full U and Vh are identities
+    for full in (True, False):
+        expected = torch.linalg.svd(torch.ones(shape), full_matrices=full)
+        got = torch.linalg.svd(torch.ones(shape, device="neuron"), full_matrices=full)
+        for e, g in zip(expected, got):
+            assert g.shape == e.shape and torch.equal(g.cpu(), e)
+
+
+def test_matrix_exp_of_infinities():
+    inf = float("inf")
+    check_op(torch.linalg.matrix_exp, torch.tensor([[[inf, 0.0], [0.0, 1.0]],
+                                                    [[1.0, -inf], [0.0, 1.0]],
+                                                    [[0.5, 0.0], [0.0, 1.0]]]))
