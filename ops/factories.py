@@ -19,7 +19,7 @@ from neuron_eager.ops import copy as C
 from neuron_eager.ops import numerics
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.jit import njit
-from neuron_eager.ops.meta import meta_outputs
+from neuron_eager.ops.meta import meta_run
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.router import write_result
 
@@ -66,11 +66,12 @@ def _storer64(code: str):
 
 def _meta(op, args, kwargs):
     """The factory's result on meta (cached: arange's meta kernel is a Python reference, ~1
-    ms a call here): its metadata only."""
+    ms a call here): its metadata only; a refusal in the CPU's words (the stand-in call
+    makes its result on the CPU)."""
     kwargs = dict(kwargs)
-    kwargs["device"] = "meta"
+    kwargs["device"] = torch.device("meta")
     kwargs.pop("pin_memory", None)
-    return meta_outputs(op, args, kwargs)
+    return meta_run(op, *args, **kwargs)
 
 
 def _empty_for(meta) -> T.NeuronTensor:
@@ -302,8 +303,8 @@ def kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layout
     try:
         meta = _meta(aten.kaiser_window.beta, (window_length, periodic, beta),
                      dict(dtype=dtype, layout=layout))
-    except RuntimeError as e:  # (its dtype check prints the options it was given)
-        raise RuntimeError(str(e).replace("device=meta", f"device={device}").replace(
+    except RuntimeError as e:  # (its dtype check, asked of the CPU, prints the options)
+        raise RuntimeError(str(e).replace("device=cpu", f"device={device}").replace(
             "pinned_memory=false (default)", "pinned_memory=false")) from None
     if window_length <= 1:
         return full(meta.shape, 1, dtype=meta.dtype)

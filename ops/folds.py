@@ -12,6 +12,7 @@ from neuron_eager.ops import reduction as R
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.fastmath import exp_f32, log_f32
 from neuron_eager.ops.jit import njit, pointer_to
+from neuron_eager.ops.meta import in_cpu_words
 from neuron_eager.ops.numerics import SUM_LANES, lane_sum, row_extreme
 from neuron_eager.ops.reduction import cast, load, stage, store  # template placeholders
 from neuron_eager.ops.registry import register
@@ -238,11 +239,12 @@ def _norm_mode(ord) -> int:
 @register(aten.linalg_vector_norm.default)
 def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     op = aten.linalg_vector_norm.default
-    if not x.dtype.is_floating_point:
-        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as "
-                           f"input. Got {T.dtype_name(x.dtype)}")
-    if dtype is not None and (not dtype.is_floating_point
-                              or torch.promote_types(x.dtype, dtype) != dtype):
+    if not x.dtype.is_floating_point or dtype is not None and (
+            not dtype.is_floating_point or torch.promote_types(x.dtype, dtype) != dtype):
+        in_cpu_words(op, (x, ord, dim, keepdim), {"dtype": dtype})  # (its checks, its words)
+        if not x.dtype.is_floating_point:
+            raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex "
+                               f"tensor as input. Got {T.dtype_name(x.dtype)}")
         raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({T.dtype_name(x.dtype)}) "
                            f"should be convertible without narrowing to the specified dtype "
                            f"({T.dtype_name(dtype)})")

@@ -19,7 +19,7 @@ from neuron_eager.device_sim import core
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops._compat import torch_lapack_library
 from neuron_eager.ops.jit import native_call, njit
-from neuron_eager.ops.meta import meta_run
+from neuron_eager.ops.meta import in_cpu_words, meta_run
 from neuron_eager.ops.copy import float64_temporaries
 from neuron_eager.ops.registry import around_decomposition, register
 
@@ -86,10 +86,13 @@ def from_f(w, ld, out):
 
 
 # -- shared plumbing -----------------------------------------------------------------------
-def check_float(x: torch.Tensor, cpu_name: str) -> None:
-    """The CPU's LAPACK kernels have no 16-bit float versions."""
+def check_float(x: torch.Tensor, op, *args, **kwargs) -> None:
+    """The CPU's LAPACK kernels take float32 and float64 only: `op(*args, **kwargs)` with `x`
+    of another dtype raises the CPU's error, asked of the CPU (its words name the kernel
+    that refuses, often not `op`: Note [Errors in the CPU's words] in ops/meta.py)."""
     if x.dtype not in (torch.float32, torch.float64):
-        raise NotImplementedError(f'"{cpu_name}" not implemented for \'{T.dtype_name(x.dtype)}\'')
+        in_cpu_words(op, args, kwargs)
+        raise NotImplementedError(f"{op}: {T.dtype_name(x.dtype)} is not supported on neuron")
 
 
 def batch3(x: torch.Tensor) -> tuple[T.NeuronTensor, np.ndarray]:
@@ -151,7 +154,7 @@ def cholesky_factor(x, upper: bool):
 @register(aten.linalg_cholesky_ex.default)
 def linalg_cholesky_ex(x, *, upper=False, check_errors=False):
     meta_run(aten.linalg_cholesky_ex.default, x, upper=upper)
-    check_float(x, "linalg_cholesky_ex")
+    check_float(x, aten.linalg_cholesky_ex.default, x, upper=upper)
     out, info = cholesky_factor(x, upper)
     if check_errors:
         check_errors_kernel(info, "linalg.cholesky_ex", is_matrix=x.dim() == 2)
@@ -161,7 +164,7 @@ def linalg_cholesky_ex(x, *, upper=False, check_errors=False):
 @register(aten.cholesky.default)
 def cholesky(x, upper=False):
     meta_run(aten.cholesky.default, x, upper)
-    check_float(x, "cholesky_cpu")
+    check_float(x, aten.cholesky.default, x, upper)
     if x.numel() == 0:
         return new(x.shape, x.dtype)
     out, info = cholesky_factor(x, upper)
@@ -191,7 +194,7 @@ def potri_kernel(a, out, info, upper):
 @register(aten.cholesky_inverse.default)
 def cholesky_inverse(x, upper=False):
     meta = meta_run(aten.cholesky_inverse.default, x, upper)
-    check_float(x, "cholesky_inverse_out_cpu")
+    check_float(x, aten.cholesky_inverse.default, x, upper)
     a, a3 = batch3(x)
     out, info = new(meta.shape), new(x.shape[:-2], torch.int32)
     potri_kernel(a3, view3(out), info._nd.reshape(-1), upper)
@@ -234,16 +237,18 @@ def lu_factor(x):
     return lu, piv, info
 
 
-def _check_pivot(pivot: bool, name: str) -> None:
+def _check_pivot(op, x, pivot: bool) -> None:
+    """LU without pivoting is CUDA's only: the CPU's refusal, in its words."""
     if not pivot:
-        raise RuntimeError(f"{name}: LU without pivoting is not implemented on the CPU")
+        in_cpu_words(op, (x,), {"pivot": pivot})
+        raise RuntimeError(f"{op}: LU without pivoting is not implemented on the CPU")
 
 
 @register(aten.linalg_lu_factor_ex.default)
 def linalg_lu_factor_ex(x, *, pivot=True, check_errors=False):
     meta_run(aten.linalg_lu_factor_ex.default, x, pivot=pivot)
-    check_float(x, "lu_cpu")
-    _check_pivot(pivot, "linalg.lu_factor")
+    check_float(x, aten.linalg_lu_factor_ex.default, x, pivot=pivot)
+    _check_pivot(aten.linalg_lu_factor_ex.default, x, pivot)
     lu, piv, info = lu_factor(x)
     if check_errors:
         check_errors_kernel(info, "torch.linalg.lu_factor_ex", is_matrix=x.dim() == 2)
@@ -304,7 +309,7 @@ def lu_unpack(lu, piv, unpack_data=True, unpack_pivots=True):
         raise RuntimeError("torch.lu_unpack: LU_pivots is expected to be a contiguous tensor "
                            "of torch.int32 dtype. Note: this function is intended to be used "
                            "with the output produced by torch.linalg.lu_factor")
-    check_float(lu, "lu_unpack")
+    check_float(lu, aten.lu_unpack.default, lu, piv, unpack_data, unpack_pivots)
     return tuple(finish(t, lu.dtype) for t in lu_unpack_f32(lu, piv, unpack_data,
                                                             unpack_pivots))
 
@@ -312,8 +317,8 @@ def lu_unpack(lu, piv, unpack_data=True, unpack_pivots=True):
 @register(aten.linalg_lu.default)
 def linalg_lu(x, *, pivot=True):
     meta_run(aten.linalg_lu.default, x, pivot=pivot)
-    check_float(x, "lu_cpu")
-    _check_pivot(pivot, "linalg.lu")
+    check_float(x, aten.linalg_lu.default, x, pivot=pivot)
+    _check_pivot(aten.linalg_lu.default, x, pivot)
     lu, piv, _ = lu_factor(x)
     return tuple(finish(t, x.dtype) for t in lu_unpack_f32(lu, piv))
 
@@ -373,7 +378,7 @@ def geqrf_kernel(a, out, tau_out):
 def geqrf(x):
     if x.dim() < 2:  # (geqrf has no meta kernel)
         raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
-    check_float(x, "geqrf_cpu")
+    check_float(x, aten.geqrf.default, x)
     m, n = x.shape[-2], x.shape[-1]
     k, batch = min(m, n), x.shape[:-2]
     a, a3 = batch3(x)
@@ -404,7 +409,7 @@ def qr_kernel(a, q, r, qcols, rrows):
 @register(aten.linalg_qr.default)
 def linalg_qr(x, mode="reduced"):
     mq, mr = meta_run(aten.linalg_qr.default, x, mode)
-    check_float(x, "linalg_qr_cpu")
+    check_float(x, aten.linalg_qr.default, x, mode)
     a, a3 = batch3(x)
     q, r = new(mq.shape), new(mr.shape)
     qcols = 0 if mode == "r" else mq.shape[-1]
@@ -432,7 +437,7 @@ def orgqr_kernel(a, tau, out):
 @register(aten.linalg_householder_product.default)
 def linalg_householder_product(x, tau):
     meta_run(aten.linalg_householder_product.default, x, tau)
-    check_float(x, "orgqr_cpu")
+    check_float(x, aten.linalg_householder_product.default, x, tau)
     a, a3 = batch3(x)
     k = tau.shape[-1]
     t = tau.to(F32).expand(x.shape[:-2] + (k,)).contiguous()
@@ -478,7 +483,7 @@ def ormqr_kernel(a, tau, c, out, left, trans):
 @register(aten.ormqr.default)
 def ormqr(x, tau, other, left=True, transpose=False):
     meta = meta_run(aten.ormqr.default, x, tau, other, left, transpose)
-    check_float(x, "ormqr_cpu")
+    check_float(x, aten.ormqr.default, x, tau, other, left, transpose)
     batch = meta.shape[:-2]
     a = x.to(F32).expand(batch + x.shape[-2:]).contiguous()
     k = tau.shape[-1]
@@ -554,7 +559,7 @@ def svd_f32(x, full_matrices: bool, compute_uv: bool):
 
 @register(aten._linalg_svd.default)
 def linalg_svd(x, full_matrices=False, compute_uv=True, *, driver=None):
-    check_float(x, "linalg_svd_cpu")
+    check_float(x, aten._linalg_svd.default, x, full_matrices, compute_uv, driver=driver)
     if driver is not None:
         raise RuntimeError("torch.linalg.svd: keyword argument `driver=` is only supported on "
                            "CUDA inputs with cuSOLVER backend.")
@@ -598,7 +603,7 @@ def syevd_kernel(a, vals, vecs, jobz, upper, info):
 @register(aten._linalg_eigh.default)
 def linalg_eigh(x, UPLO="L", compute_v=True):
     mvals, mvecs = meta_run(aten._linalg_eigh.default, x, UPLO, compute_v)
-    check_float(x, "linalg_eigh_cpu")
+    check_float(x, aten._linalg_eigh.default, x, UPLO, compute_v)
     a, a3 = batch3(x)
     nb, n = a3.shape[0], x.shape[-1]
     vals, vecs = new(mvals.shape), new(mvecs.shape)
@@ -643,7 +648,7 @@ def sytrf_kernel(a, ld, piv, info):
 @register(aten.linalg_ldl_factor_ex.default)
 def linalg_ldl_factor_ex(x, *, hermitian=False, check_errors=False):
     meta_run(aten.linalg_ldl_factor_ex.default, x, hermitian=hermitian)
-    check_float(x, "ldl_factor_cpu")
+    check_float(x, aten.linalg_ldl_factor_ex.default, x, hermitian=hermitian)
     a, a3 = batch3(x)
     nb, n, batch = a3.shape[0], x.shape[-1], x.shape[:-2]
     ld, piv = new(x.shape), new(batch + (n,), torch.int32)

@@ -18,7 +18,7 @@ from neuron_eager.ops.jit import njit
 from neuron_eager.ops.linalg import (I32, JIT, F32, at, batch3, check_errors_kernel, check_float,
                                      finish, from_f, launch, lu_factor, new, to_f, view3,
                                      _binding)
-from neuron_eager.ops.meta import meta_run
+from neuron_eager.ops.meta import in_cpu_words, meta_run
 from neuron_eager.ops.registry import register
 
 aten = torch.ops.aten
@@ -82,7 +82,8 @@ def triangular(a, b, left, upper, trans, unit):
 def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
     meta_run(aten.linalg_solve_triangular.default, a, b, upper=upper, left=left,
              unitriangular=unitriangular)
-    check_float(a, "triangular_solve_cpu")
+    check_float(a, aten.linalg_solve_triangular.default, a, b, upper=upper, left=left,
+                unitriangular=unitriangular)
     out, _ = triangular(a, b, left, upper, False, unitriangular)
     return finish(out, a.dtype)
 
@@ -90,7 +91,7 @@ def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
 @register(aten.triangular_solve.default)
 def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
     meta_run(aten.triangular_solve.default, b, a, upper, transpose, unitriangular)
-    check_float(a, "triangular_solve_cpu")
+    check_float(a, aten.triangular_solve.default, b, a, upper, transpose, unitriangular)
     out, a_ = triangular(a, b, True, upper, transpose, unitriangular)
     return finish(out, a.dtype), finish(a_.clone() if a_ is a else a_, a.dtype)
 
@@ -152,21 +153,21 @@ def factored_solve(f, piv, b, kind, flag, left=True):
 @register(aten.linalg_lu_solve.default)
 def linalg_lu_solve(lu, piv, b, *, left=True, adjoint=False):
     meta_run(aten.linalg_lu_solve.default, lu, piv, b, left=left, adjoint=adjoint)
-    check_float(lu, "lu_solve_cpu")
+    check_float(lu, aten.linalg_lu_solve.default, lu, piv, b, left=left, adjoint=adjoint)
     return finish(factored_solve(lu, piv, b, 0, adjoint, left), lu.dtype)
 
 
 @register(aten.cholesky_solve.default, aten._cholesky_solve_helper.default)
 def cholesky_solve(b, l_, upper=False):
     meta_run(aten.cholesky_solve.default, b, l_, upper)
-    check_float(l_, "cholesky_solve_cpu")
+    check_float(l_, aten.cholesky_solve.default, b, l_, upper)
     return finish(factored_solve(l_, None, b, 1, upper), b.dtype)
 
 
 @register(aten.linalg_ldl_solve.default)
 def linalg_ldl_solve(ld, piv, b, *, hermitian=False):
     meta_run(aten.linalg_ldl_solve.default, ld, piv, b, hermitian=hermitian)
-    check_float(ld, "ldl_solve_cpu")
+    check_float(ld, aten.linalg_ldl_solve.default, ld, piv, b, hermitian=hermitian)
     return finish(factored_solve(ld, piv, b, 2, False), b.dtype)
 
 
@@ -178,7 +179,7 @@ def _is_vector_rhs(a, b) -> bool:
 @register(aten._linalg_solve_ex.default)
 def linalg_solve_ex(a, b, *, left=True, check_errors=False):
     meta_run(aten._linalg_solve_ex.default, a, b, left=left)
-    check_float(a, "linalg_solve_cpu")
+    check_float(a, aten._linalg_solve_ex.default, a, b, left=left)
     lu, piv, info = lu_factor(a)  # (unlike det, torch 2.13 factors A itself here)
     if check_errors:
         check_errors_kernel(info, "torch.linalg.solve_ex", is_matrix=a.dim() == 2)
@@ -238,7 +239,7 @@ def _det_parts(a):
 @register(aten._linalg_det.default)
 def linalg_det(a):
     meta_run(aten._linalg_det.default, a)
-    check_float(a, "lu_cpu")
+    check_float(a, aten._linalg_det.default, a)
     det, _, _, lu, piv = _det_parts(a)
     return finish(det, a.dtype), finish(lu, a.dtype), piv
 
@@ -246,7 +247,7 @@ def linalg_det(a):
 @register(aten._linalg_slogdet.default)
 def linalg_slogdet(a):
     meta_run(aten._linalg_slogdet.default, a)
-    check_float(a, "lu_cpu")
+    check_float(a, aten._linalg_slogdet.default, a)
     _, sign, logabs, lu, piv = _det_parts(a)
     return finish(sign, a.dtype), finish(logabs, a.dtype), finish(lu, a.dtype), piv
 
@@ -317,21 +318,40 @@ def lstsq_kernel(a, bm, sol, rank, sv, resid, driver, rcond, info):
     return rc[0] + wa[0] + jpvt[0] + iwork[0]
 
 
+def _lstsq_checked(a, b, rcond, driver):
+    """(b is a vector right-hand side, the batch shape), after the CPU's checks: a call the
+    quick test doubts runs on CPU stand-ins, whose error is raised (linalg_lstsq has no meta
+    kernel)."""
+    vector = _is_vector_rhs(a, b)
+    try:
+        if a.dtype in (F32, torch.float64) and b.dtype == a.dtype and driver in _DRIVERS \
+                and 2 <= a.dim() == b.dim() + vector \
+                and b.shape[-1 - (not vector)] == a.shape[-2]:
+            return vector, _batch_of(a, b.unsqueeze(-1) if vector else b)
+    except RuntimeError:  # (batch shapes that do not broadcast)
+        pass
+    in_cpu_words(aten.linalg_lstsq.default, (a, b, rcond), {"driver": driver})
+    check_float(a, aten.linalg_lstsq.default, a, b, rcond, driver=driver)
+    raise RuntimeError("torch.linalg.lstsq: unsupported arguments")  # (the CPU refuses them)
+
+
+def _of_batch(x, batch, a_batch, tail: int):
+    """`x` (batch + `tail` dims) narrowed to A's batch: rank and singular values are A's,
+    the same in every broadcast copy of A."""
+    lead = len(batch) - len(a_batch)
+    for d, (n, k) in enumerate(zip(batch[lead:], a_batch)):
+        if n != k:
+            x = x.narrow(lead + d, 0, 1)
+    return x.reshape(tuple(a_batch) + tuple(x.shape[x.dim() - tail:])).clone(
+        memory_format=torch.contiguous_format)
+
+
 @register(aten.linalg_lstsq.default)
 def linalg_lstsq(a, b, rcond=None, *, driver=None):
-    check_float(a, "linalg_lstsq_cpu")
-    if a.dim() < 2:
-        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
     driver = "gelsy" if driver is None else driver
-    if driver not in _DRIVERS:
-        raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of "
-                           "(gels, gelsy, gelsd, gelss)")
-    vector = b.dim() == a.dim() - 1
+    vector, batch = _lstsq_checked(a, b, rcond, driver)
     b2 = b.unsqueeze(-1) if vector else b
     m, n = a.shape[-2], a.shape[-1]
-    if b2.shape[-2] != m:
-        raise RuntimeError("torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
-    batch = _batch_of(a, b2)
     a_, b_ = _expand(a, batch), _expand(b2, batch)
     c, nb, k = b_.shape[-1], T.numel(batch), min(m, n)
     if rcond is None:
@@ -353,11 +373,11 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     if driver in ("gelsd", "gelss") and with_resid:
         with_resid = bool((rank32 == n).all())
     resid = resid if with_resid else new((0,))
-    if vector:
+    if vector:  # (residuals keep their column, as the CPU's)
         sol = sol.squeeze(-1)
-        resid = resid.squeeze(-1) if with_resid else resid
-    if driver == "gels":
-        rank = new((0,), torch.int64)
+    rank = new((0,), torch.int64) if driver == "gels" else _of_batch(rank, batch, a.shape[:-2], 0)
+    if driver in ("gelsd", "gelss"):
+        sv = _of_batch(sv, batch, a.shape[:-2], 1)
     return finish(sol, a.dtype), finish(resid, a.dtype), rank, finish(sv, a.dtype)
 
 
@@ -366,7 +386,7 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
 def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
     """torch's composition (LinearAlgebra.cpp) over the neuron svd/eigh kernels."""
     if a.dtype not in (torch.float32, torch.float64) or a.dim() < 2:
-        raise RuntimeError(f"linalg.pinv({str(a.dtype).replace('torch.', '').capitalize()}"
+        raise RuntimeError(f"linalg.pinv({T.dtype_name(a.dtype)}"
                            f"{{{list(a.shape)}}}): expected a tensor with 2 or more dimensions "
                            "of float, double, cfloat or cdouble types")
     # (torch's composition forms tolerances in float64; the device computes float64 as
@@ -557,7 +577,7 @@ def _cdist_inputs(x1, x2):
 @register(aten._cdist_forward.default)
 def cdist_forward(x1, x2, p, compute_mode=None):
     meta = meta_run(aten._cdist_forward.default, x1, x2, p, compute_mode)
-    check_float(x1, "cdist")
+    check_float(x1, aten._cdist_forward.default, x1, x2, p, compute_mode)
     if x1.dtype != x2.dtype:  # (the meta kernel promotes)
         raise RuntimeError(f"expected scalar type {T.dtype_name(x1.dtype)} but found "
                            f"{T.dtype_name(x2.dtype)}")
@@ -615,7 +635,7 @@ def pdist_backward_kernel(grad, x, dist, out, code, p):
 @register(aten._pdist_forward.default)
 def pdist_forward(x, p=2.0):
     meta = meta_run(aten._pdist_forward.default, x, p)
-    check_float(x, "pdist")
+    check_float(x, aten._pdist_forward.default, x, p)
     x_, _ = batch3(x.unsqueeze(0))
     out = new(meta.shape)
     pdist_kernel(x_._nd.reshape(x.shape), out._nd.reshape(-1), _p_code(p), np.float32(p))

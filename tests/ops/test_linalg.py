@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import neuron_eager
-from checks import check_op
+from checks import check_op, outcome
 
 B = (2,)  # batch shape used throughout
 
@@ -182,3 +182,66 @@ def test_matrix_exp_of_infinities():
     check_op(torch.linalg.matrix_exp, torch.tensor([[[inf, 0.0], [0.0, 1.0]],
                                                     [[1.0, -inf], [0.0, 1.0]],
                                                     [[0.5, 0.0], [0.0, 1.0]]]))
+
+
+def _m(d, *shape, dtype=torch.float32):
+    return torch.eye(*shape[-2:], dtype=dtype, device=d).expand(shape) if len(shape) > 1 \
+        else torch.ones(shape, dtype=dtype, device=d)
+
+
+L = torch.linalg
+HALF, LONG = torch.half, torch.int64
+ERRORS = {
+    # 1-D input: torch's meta kernels assert (AssertionError); the CPU raises RuntimeError
+    **{name: (lambda f: lambda d: f(_m(d, 3)))(f) for name, f in [
+        ("inv", L.inv), ("inv_ex", L.inv_ex), ("det", L.det), ("slogdet", L.slogdet),
+        ("cholesky", L.cholesky), ("cholesky_ex", L.cholesky_ex), ("eigh", L.eigh),
+        ("eigvalsh", L.eigvalsh), ("matrix_exp", L.matrix_exp), ("ldl_factor", L.ldl_factor),
+        ("solve", lambda a: L.solve(a, a)), ("cholesky_inverse", torch.cholesky_inverse),
+        ("solve_triangular", lambda a: L.solve_triangular(a, a, upper=True)),
+        ("torch.inverse", torch.inverse)]},
+    # dtypes the CPU's kernels refuse, in the words of the kernel that refuses
+    "pinv half": lambda d: L.pinv(_m(d, 2, 2, dtype=HALF)),
+    "pinv int64": lambda d: L.pinv(_m(d, 2, 2, dtype=LONG)),
+    "pinv 1-D": lambda d: L.pinv(_m(d, 3)),
+    "svd int64": lambda d: L.svd(_m(d, 2, 2, dtype=LONG)),
+    "solve half": lambda d: L.solve(_m(d, 2, 2, dtype=HALF), _m(d, 2, dtype=HALF)),
+    "qr half": lambda d: L.qr(_m(d, 2, 2, dtype=HALF)),
+    "det half": lambda d: L.det(_m(d, 2, 2, dtype=HALF)),
+    "eigh half": lambda d: L.eigh(_m(d, 2, 2, dtype=HALF)),
+    "lu pivot=False": lambda d: L.lu(_m(d, 2, 2), pivot=False),
+    "lu_factor pivot=False": lambda d: L.lu_factor(_m(d, 2, 2), pivot=False),
+    "vector_norm dtype=int64": lambda d: L.vector_norm(_m(d, 2), dtype=LONG),
+    "vector_norm of int64": lambda d: L.vector_norm(_m(d, 2, dtype=LONG)),
+    "tril_indices float": lambda d: torch.tril_indices(3, 3, dtype=torch.float32, device=d),
+    "triu_indices bool": lambda d: torch.triu_indices(3, 3, dtype=torch.bool, device=d),
+    # lstsq's checks (it has no meta kernel)
+    "lstsq int64": lambda d: L.lstsq(_m(d, 2, 2, dtype=LONG), _m(d, 2, 2, dtype=LONG)),
+    "lstsq half": lambda d: L.lstsq(_m(d, 2, 2, dtype=HALF), _m(d, 2, 2, dtype=HALF)),
+    "lstsq float32, int64": lambda d: L.lstsq(_m(d, 3, 2), _m(d, 3, 2, dtype=LONG)),
+    "lstsq float32, float64": lambda d: L.lstsq(_m(d, 3, 2), _m(d, 3, 2, dtype=torch.double)),
+    "lstsq B of more dims": lambda d: L.lstsq(_m(d, 6, 3), _m(d, 2, 6, 2)),
+    "lstsq 0-d B": lambda d: L.lstsq(_m(d, 4, 3), torch.tensor(1.0, device=d)),
+    "lstsq rows": lambda d: L.lstsq(_m(d, 6, 3), _m(d, 5, 2)),
+    "lstsq vector rows": lambda d: L.lstsq(_m(d, 6, 3), _m(d, 5)),
+    "lstsq batch vs matrix": lambda d: L.lstsq(_m(d, 2, 6, 3), _m(d, 6, 2)),
+    "lstsq batches": lambda d: L.lstsq(_m(d, 2, 6, 3), _m(d, 3, 6, 2)),
+    "lstsq driver": lambda d: L.lstsq(_m(d, 6, 3), _m(d, 6, 2), driver="gesv"),
+}
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_errors_as_on_cpu(name):
+    expected = outcome(ERRORS[name], "cpu")
+    assert isinstance(expected, tuple), "the CPU accepts it"
+    assert outcome(ERRORS[name], "neuron") == expected
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((6, 3), (6,)), ((2, 6, 3), (2, 6)), ((1, 6, 3), (2, 6, 2)), ((3, 1, 6, 3), (1, 2, 6, 2)),
+    ((6, 6, 3), (6, 6)), ((2, 6, 3), (1, 6, 2))])
+@pytest.mark.parametrize("driver", ["gels", "gelsy", "gelsd", "gelss"])
+def test_lstsq_result_shapes(a_shape, b_shape, driver, seed):
+    # residuals keep a vector b's column; rank and singular values have A's batch shape
+    check_op(lambda a, b: tuple(L.lstsq(a, b, driver=driver)), torch.randn(a_shape),
+             torch.randn(b_shape), atol=1e-4, rtol=1e-4)
