@@ -307,17 +307,20 @@ class NeuronTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol):
         user = getattr(type(self), "_user_class", None)
-        if user is not None:  # (Note [Subclasses of neuron tensors]) as the CPU saves them
+        state = user_state(self)
+        if user is not None or state and not getattr(self, "_is_param", False):
+            # a subclass (Note [Subclasses of neuron tensors]), or a plain tensor with the
+            # user's attributes, saved as the CPU saves them (a rebuilt neuron tensor stays
+            # one: its as_subclass(torch.Tensor) is a neuron tensor)
             func, args = self._reduce_plain()
-            return torch._tensor._rebuild_from_type_v2, (func, user, args, user_state(self))
+            return torch._tensor._rebuild_from_type_v2, (func, user or torch.Tensor, args, state)
         return self._reduce_plain()
 
     def _reduce_plain(self):
         # torch.save and pickle: the data travels in CPU storages, through rebuild functions
         # that torch.load(weights_only=True) accepts; loading moves it back to neuron (Note
         # [Saving storages]).
-        # A Parameter keeps the attributes a user set, as on the CPU (a plain tensor's are not
-        # saved: _rebuild_from_type_v2 would make it a plain torch.Tensor).
+        # A Parameter keeps the attributes a user set, as on the CPU.
         if getattr(self, "_is_param", False):
             return (torch._utils._rebuild_parameter_with_state,
                     (self.detach(), self.requires_grad, OrderedDict(), user_state(self)))

@@ -194,8 +194,8 @@ def test_neuron_tensors_are_not_shared_with_other_processes():
 
 @pytest.mark.parametrize("weights_only", [True, False])
 def test_attributes_a_user_set_on_a_parameter_are_kept(weights_only):
-    """`p.no_decay = True` survives torch.save/torch.load and pickle as on the CPU, and a
-    tensor's attributes deepcopy (torch.save drops a plain neuron tensor's)."""
+    """`p.no_decay = True` survives torch.save/torch.load and pickle as on the CPU, and so
+    do a plain tensor's attributes (torch.save and pickle dropped them)."""
     results = []
     for device in ("cpu", "neuron"):
         model = torch.nn.Linear(2, 2).to(device)
@@ -207,8 +207,14 @@ def test_attributes_a_user_set_on_a_parameter_are_kept(weights_only):
         copied = copy.deepcopy(model)
         pickled = pickle.loads(pickle.dumps(model.bias))
         t = torch.ones(2, device=device)
-        t.tag = "x"
+        t.tag = {"scale": 0.5}
+        buffer = io.BytesIO()
+        torch.save({"t": t}, buffer)
+        buffer.seek(0)
+        t_loaded = torch.load(buffer, weights_only=weights_only)["t"]
         results.append((loaded.no_decay, loaded.device.type, loaded.requires_grad,
                         getattr(copied.weight, "no_decay", None), pickled.group,
-                        copy.deepcopy(t).tag))  # (deepcopy drops a Parameter's attributes)
-    assert results[1] == (*results[0][:1], "neuron", *results[0][2:])
+                        copy.deepcopy(t).tag,  # (deepcopy drops a Parameter's attributes)
+                        t_loaded.tag, t_loaded.device.type, pickle.loads(pickle.dumps(t)).tag))
+    assert results[1] == (*results[0][:1], "neuron", *results[0][2:7], "neuron",
+                          *results[0][8:])
