@@ -601,14 +601,37 @@ def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save
                                       save_mean, save_var, update, eps, output_mask)
 
 
+# Weight norm computes in fp32 and rounds its results once, as the CPU's and CUDA's fused
+# kernels do (torch's decomposition rounds g / |v| to a bf16 weight's dtype first: 1 ulp
+# off in a third of the weights); |v| is fp32 for every dtype, as theirs.
+def _in_fp32(t):
+    return t if t.dtype == torch.float32 else aten._to_copy.default(t, dtype=torch.float32)
+
+
+def _rounded_to(t, dtype):
+    return t if t.dtype == dtype else aten._to_copy.default(t, dtype=dtype)
+
+
+def _all_but(dim, v) -> list:
+    return [d for d in range(v.dim()) if d != dim % v.dim()]
+
+
+@register(aten._weight_norm_interface.default)
+def weight_norm_interface(v, g, dim=0):
+    """w = g v / |v|, norms over every dim but `dim`; returns (w, |v|)."""
+    v32 = _in_fp32(v)
+    norms = aten.linalg_vector_norm.default(v32, 2, _all_but(dim, v), True)
+    w = aten.mul.Tensor(v32, aten.div.Tensor(_in_fp32(g), norms))
+    return _rounded_to(w, v.dtype), norms
+
+
 @register(aten._weight_norm_interface_backward.default)
 def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
-    """w = g v / |v| (norms over every dim but `dim`): grad_g = sum(grad_w v) / |v|,
-    grad_v = (g / |v|) (grad_w - v grad_g / |v|)."""
-    dims = [d for d in range(saved_v.dim()) if d != dim % saved_v.dim()]
-    sums = aten.sum.dim_IntList(aten.mul.Tensor(grad_w, saved_v), dims, True)
-    grad_g = aten.div.Tensor(sums, saved_norms)
-    inner = aten.sub.Tensor(grad_w, aten.mul.Tensor(saved_v, aten.div.Tensor(grad_g,
-                                                                              saved_norms)))
-    grad_v = aten.mul.Tensor(aten.div.Tensor(saved_g, saved_norms), inner)
-    return grad_v, aten.reshape.default(grad_g, list(saved_g.shape))
+    """grad_g = sum(grad_w v) / |v|, grad_v = (g / |v|) (grad_w - v grad_g / |v|)."""
+    grad32, v32, norms = _in_fp32(grad_w), _in_fp32(saved_v), _in_fp32(saved_norms)
+    sums = aten.sum.dim_IntList(aten.mul.Tensor(grad32, v32), _all_but(dim, saved_v), True)
+    grad_g = aten.div.Tensor(sums, norms)
+    inner = aten.sub.Tensor(grad32, aten.mul.Tensor(v32, aten.div.Tensor(grad_g, norms)))
+    grad_v = aten.mul.Tensor(aten.div.Tensor(_in_fp32(saved_g), norms), inner)
+    return (_rounded_to(grad_v, saved_v.dtype),
+            _rounded_to(aten.reshape.default(grad_g, list(saved_g.shape)), saved_g.dtype))
