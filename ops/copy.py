@@ -441,7 +441,17 @@ def _on_device_asked(op, kernel, x, *args, device=None, **kwargs):
             stand_in = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
             return op(stand_in, *args, device=device, **kwargs)
         T.check_device_index(device)
+    check_layout(kwargs.get("layout"), kwargs.get("pin_memory"))
     return kernel(x, *args, **kwargs)
+
+
+def check_layout(layout, pin_memory=None) -> None:
+    """A factory's layout= and pin_memory= for a result on the device: dense, not pinned."""
+    if layout not in (None, torch.strided):
+        raise RuntimeError(f"{layout} tensors are not supported on neuron: only strided (dense) "
+                           "tensors live on the device")
+    if pin_memory:
+        raise RuntimeError("Only dense CPU tensors can be pinned")
 
 
 def filled_if_deterministic(t: NeuronTensor) -> NeuronTensor:

@@ -83,7 +83,7 @@ def _empty_for(meta) -> T.NeuronTensor:
 
 def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
                         memory_format=None):
-    _check_layout(layout)
+    C.check_layout(layout, pin_memory)
     size = T.requested_shape(size)
     dtype = dtype or torch.get_default_dtype()
     T.check_dtype(dtype)
@@ -93,19 +93,13 @@ def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memor
 
 
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_layout(layout)
+    C.check_layout(layout, pin_memory)
     dtype = dtype or torch.get_default_dtype()
     T.check_dtype(dtype)
     C.warn_float64(dtype)
     size = T.requested_shape(size)
     C.check_strides(size, stride)
     return C.filled_if_deterministic(T.empty(size, dtype, stride))
-
-
-def _check_layout(layout):
-    if layout not in (None, torch.strided):
-        raise RuntimeError(f"{layout} tensors are not supported on neuron: only strided (dense) "
-                           "tensors live on the device")
 
 
 def _arange(op):

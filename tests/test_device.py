@@ -222,3 +222,15 @@ def test_a_default_device_of_neuron_keeps_host_tensors_on_the_host(adaptive):
         else:
             torch.testing.assert_close(torch.as_tensor(got[key]), torch.as_tensor(want[key]),
                                        rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: torch.zeros_like(x, layout=torch.sparse_coo),
+    lambda x: torch.empty_like(x, layout=torch.sparse_csr),
+    lambda x: x.new_zeros(2, layout=torch.sparse_coo),
+    lambda x: x.new_empty(2, pin_memory=True), lambda x: torch.ones_like(x, pin_memory=True),
+    lambda x: torch.empty(2, device=x.device, pin_memory=True)])
+def test_factories_refuse_layouts_and_pinning_a_device_tensor_cannot_have(make):
+    # (the *_like and new_* factories ignored them: a dense, "pinned" neuron tensor came back)
+    with pytest.raises(RuntimeError, match="not supported on neuron|Only dense CPU tensors"):
+        make(torch.ones(2, 2, device="neuron"))
