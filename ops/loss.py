@@ -335,6 +335,8 @@ def _check_nll(self, target, weight, spatial: bool):
         if weight.dtype != self.dtype:
             raise RuntimeError(f"expected scalar type {_dtype_name(self.dtype)} but found "
                                f"{_dtype_name(weight.dtype)}")
+    if spatial and target.dtype == torch.uint8:  # (the CPU's 2-D kernel reads int64 only)
+        raise RuntimeError("expected scalar type Long but found Byte")
     return classes
 
 

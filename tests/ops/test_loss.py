@@ -83,6 +83,11 @@ def test_nll_loss_errors_match_cpu():
         F.nll_loss(x, torch.tensor([0, 1, 2]).to(NEURON), torch.ones(4).to(NEURON))
     with pytest.raises(IndexError, match="Target 3 is out of bounds."):
         F.nll_loss(torch.randn(1, 3, 2, 2).to(NEURON), torch.full((1, 2, 2), 3).to(NEURON))
+    byte = torch.zeros(1, 2, 2, dtype=torch.uint8)  # (spatial: the CPU takes int64 only)
+    with pytest.raises(RuntimeError) as cpu_error:
+        F.cross_entropy(torch.randn(1, 3, 2, 2), byte)
+    with pytest.raises(RuntimeError, match=str(cpu_error.value)):
+        F.cross_entropy(torch.randn(1, 3, 2, 2).to(NEURON), byte.to(NEURON))
 
 
 # -- cross entropy: log_softmax (softmax family) + nll_loss ------------------------------
