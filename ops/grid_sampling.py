@@ -135,13 +135,15 @@ def _grid_forward_kernel(code: str):
                         else:
                             fx, fy = np.floor(ix), np.floor(iy)
                             cx, cy = cubic(rnd(ix - fx)), cubic(rnd(iy - fy))
-                            x0, y0 = np.int64(fx), np.int64(fy)
+                            # (taps stay floats until clipped, as the CPU's: an int64 of a
+                            # coordinate past 2^63 wrapped to the other border)
+                            x0, y0 = rnd(fx - F32(1)), rnd(fy - F32(1))
                             v = F32(0)
                             for i in range(4):
                                 r = F32(0)
                                 for j in range(4):
-                                    term = rnd(cx[j] * bounded(x, base, sh, sw, x0 - 1 + j,
-                                                               y0 - 1 + i, H, W, padding, align))
+                                    term = rnd(cx[j] * bounded(x, base, sh, sw, rnd(x0 + j),
+                                                               rnd(y0 + i), H, W, padding, align))
                                     r = term if j == 0 else rnd(r + term)
                                 term = rnd(cy[i] * r)
                                 v = term if i == 0 else rnd(v + term)
@@ -273,11 +275,11 @@ def grid_sample_backward(gin, ggrid, go, x, grid, g, mode, padding, align):
                         fx, fy = np.floor(ix), np.floor(iy)
                         cx, dcx = _cubic_coeffs(ix - fx)
                         cy, dcy = _cubic_coeffs(iy - fy)
-                        x0, y0 = np.int64(fx), np.int64(fy)
+                        x0, y0 = F32(fx - F32(1)), F32(fy - F32(1))  # (floats: as forward)
                         for i in range(4):
                             for j in range(4):
-                                px = _reflect_clip(F32(x0 - 1 + i), W, padding, align)
-                                py = _reflect_clip(F32(y0 - 1 + j), H, padding, align)
+                                px = _reflect_clip(F32(x0 + F32(i)), W, padding, align)
+                                py = _reflect_clip(F32(y0 + F32(j)), H, padding, align)
                                 if px > -1 and px < W and py > -1 and py < H:
                                     qx, qy = np.int64(px), np.int64(py)
                                     gin[gbase + qy * W + qx] += gv * cx[i] * cy[j]

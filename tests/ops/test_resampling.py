@@ -133,6 +133,16 @@ def test_grid_sample_of_non_finite_coordinates(dtype):
                                                     align_corners=align), x, grid, rtol=0, atol=0)
 
 
+def test_grid_sample_bicubic_of_coordinates_past_int64():
+    # (the taps were int64 before clipping: 1e19 wrapped to the opposite border)
+    x = torch.arange(42.).sin().reshape(1, 1, 6, 7)
+    grid = torch.tensor([[[[1e19, -1.], [1e30, 1e30], [-1e19, 0.5], [0.3, 1e20]]]])
+    for align in (False, True):
+        check_op(lambda x, g: F.grid_sample(x, g, mode="bicubic", padding_mode="border",
+                                            align_corners=align), x.requires_grad_(), grid,
+                 grad=True, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
 def test_grid_sample_backward(mode, seed):
     x = _rand(2, 3, 5, 7)
