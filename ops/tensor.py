@@ -12,7 +12,6 @@ import copy as _copy
 import sys
 import threading
 from collections import OrderedDict
-from functools import partial
 from math import prod
 
 import numpy as np
@@ -20,7 +19,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import OutOfMemory, core
-from neuron_eager.ops import _compat, _compat_modules, saving, workers
+from neuron_eager.ops import _compat, _compat_modules, saving, storages, workers
 from neuron_eager.ops.sourceline import debugger_tracing, untraced
 
 _compat.rename_backend()
@@ -331,7 +330,7 @@ class NeuronTensor(torch.Tensor):
         memory = self._storage
         entry = saved.get(id(memory))
         if entry is None:  # the whole memory once, however many tensors view it
-            copy = _storage_to_host(memory)
+            copy = storages.to_host(memory)
             entry = saved[id(memory)] = (copy, memory)  # (memory kept: its id stays unique)
             saving.state.tagged.add(copy._cdata)
         typed = torch.storage.TypedStorage(wrap_storage=entry[0], dtype=self.dtype,
@@ -377,11 +376,7 @@ class NeuronTensor(torch.Tensor):
         if _STORAGE_NBYTES(storage) != memory.nbytes:  # (a view's reaches only as far as it)
             storage = _UNTYPED_STORAGE(_make_wrapper(NeuronTensor, (memory.nbytes,),
                                                      dtype=torch.uint8, device=DEVICE))
-        storage._neuron_memory = memory  # for set_(storage): ops/views.py
-        storage.data_ptr = partial(_storage_address, memory)
-        storage.nbytes = storage.size = partial(_storage_nbytes, memory)
-        storage.cpu = partial(_storage_to_host, memory)
-        return storage
+        return storages.answer_for(storage, memory)
 
     def __format__(self, format_spec):
         if self.dim() == 0:
@@ -448,18 +443,6 @@ _gettrace = sys.gettrace
 _TENSOR_DATA = torch._C.TensorBase.data  # the C++ `data` descriptor NeuronTensor.data wraps
 _UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
 _STORAGE_NBYTES = torch._C.StorageBase.nbytes  # (the C++ size: len(), indexing, printing)
-
-
-def _storage_address(memory: NeuronStorage) -> int:
-    return 0 if memory.block is None else memory.block.address
-
-
-def _storage_nbytes(memory: NeuronStorage) -> int:
-    return memory.nbytes
-
-
-def _storage_to_host(memory: NeuronStorage) -> torch.UntypedStorage:
-    return torch.from_numpy(memory.buffer[:memory.nbytes].copy()).untyped_storage()
 
 
 def _dispatch_not_ready(func, args, kwargs):

@@ -129,6 +129,24 @@ def test_storages_print_index_and_set_like_the_cpus():
     assert neuron_eager.get_fallback_ops() == {}
 
 
+def test_storage_copies_fills_and_moves_like_the_cpus():
+    # (each raised "Attempted to call copy_() on an invalid python storage")
+    results = []
+    for device in ("cpu", "neuron"):
+        w, w2 = torch.arange(4.0, device=device), torch.zeros(4, device=device)
+        w2.untyped_storage().copy_(w.untyped_storage())
+        after_copy = w2.tolist()
+        w2.untyped_storage().copy_(torch.arange(4.0).add(7).untyped_storage())  # (from the host)
+        after_host_copy = w2.tolist()
+        w2.untyped_storage().fill_(300)  # (bytes: 300 is 44)
+        moved = w.untyped_storage().to(device="cpu")
+        with pytest.raises(RuntimeError, match="size does not match"):
+            w2.untyped_storage().copy_(torch.zeros(2, device=device).untyped_storage())
+        results.append((after_copy, after_host_copy, w2.view(torch.uint8).tolist(),
+                        moved.device.type, moved.tolist(), w.untyped_storage().new().device.type))
+    assert results[1] == (*results[0][:5], "neuron")
+
+
 def test_the_storage_of_a_view_is_its_whole_memory():
     """A view's storage is the whole memory, as the CPU's: a view from offset 0 that ends
     early gave a storage whose len() and indexing stopped where the view did."""
