@@ -140,6 +140,27 @@ _POW_ANY = define("pow_tensor", lambda x, y: _pow_any(x, y),
                   check=_no_bool("pow"), round_scalars=True)  # (a scalar base: 0.1 ** x)
 
 
+# An odd integer exponent past 2^24 is even once it is an fp32 kernel argument, but the
+# CPU's fp32 kernel takes it as a double: (-1.0) ** (2**24 + 1) is -1. So x ** e is computed
+# as x * x ** (e - 1) there, e - 1 being even as the argument it becomes (a negative e as
+# 1 / (x * x ** (-e - 1)): -0.0 and -inf keep their signs).
+_POW_ODD = define("pow_odd", lambda x, y: x * _float_pow(x, y), engine="scalar")
+_POW_ODD_NEGATIVE = define("pow_odd_negative", lambda x, y: 1 / (x * _float_pow(x, y)),
+                           engine="scalar")
+
+
+def _odd_power(x, exponent):
+    """The plan of x ** exponent for an odd exponent past 2^24 (see _POW_ODD)."""
+    if exponent > 0:
+        return _POW_ODD, [x, exponent - 1], ()
+    return _POW_ODD_NEGATIVE, [x, -exponent - 1], ()
+
+
+def _odd_past_fp32(exponent, dtype) -> bool:
+    return dtype in (torch.float32, torch.float64) and isinstance(exponent, (int, float)) and \
+        abs(exponent) > 2 ** 24 and float(exponent).is_integer() and int(exponent) % 2 == 1
+
+
 def _pow_scalar_op(dtype: torch.dtype):
     # the CPU computes fp16 x ** scalar by pow too: no sqrt for 0.5 (pow(-0.0, 0.5) is 0.0)
     return _POW_ANY if dtype == torch.float16 else _POW_BF16 if dtype == torch.bfloat16 \
@@ -168,6 +189,8 @@ def _pow_tensor_scalar_plan(x, exponent):
     dtype = E.result_type(x, exponent)
     _check_scalar_exponent(x, exponent, dtype)  # (before the rounding: 1e39 does not fit)
     exponent = dtype_rounded(x, exponent)
+    if _odd_past_fp32(exponent, dtype):
+        return _odd_power(x, exponent)
     return _pow_scalar_op(dtype), [x, exponent], ()
 
 
@@ -176,4 +199,6 @@ def _pow_scalar_plan_(x, exponent):
     E.check_castable(E.result_type(x, exponent), x.dtype)
     _check_scalar_exponent(x, exponent, x.dtype)
     exponent = dtype_rounded(x, exponent)
+    if _odd_past_fp32(exponent, x.dtype):
+        return _odd_power(x, exponent)
     return _pow_scalar_op(x.dtype), [x, exponent], ()

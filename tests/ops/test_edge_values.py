@@ -47,6 +47,20 @@ def test_pow_of_a_tensor_half_exponent_at_negative_zero_and_infinity(dtype):
         _same_bits(torch.pow(x, value), torch.pow(x.to(NEURON), value).cpu())
 
 
+@pytest.mark.parametrize("exponent", [2 ** 24 + 1, 2 ** 24 + 3, -(2 ** 24 + 1), 2 ** 31 + 1,
+                                      -(2 ** 31 + 1), 16777217.0])
+def test_odd_integer_powers_past_fp32s_integers_keep_their_sign(exponent):
+    # (the exponent became an even fp32 kernel argument: (-1.0) ** (2**24 + 1) gave 1.0)
+    x = torch.tensor([-1.0, -1.0000001, -0.9999999, 2.0, -0.0, 0.0, -float("inf"),
+                      float("inf"), float("nan")])
+    want, got = x ** exponent, (x.to(NEURON) ** exponent).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0, equal_nan=True)
+    assert torch.equal(got.signbit(), want.signbit())
+    in_place = x.to(NEURON)
+    in_place.pow_(exponent)
+    torch.testing.assert_close(in_place.cpu(), got, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_nextafter_steps_one_ulp_of_the_16_bit_type(dtype):
     every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
