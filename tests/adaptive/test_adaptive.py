@@ -760,7 +760,8 @@ def test_explain_counts_the_ops_nothing_read():
 
 @pytest.mark.parametrize("name, value, error", [
     ("max_op", 3, AttributeError), ("compile_after", "x", ValueError),
-    ("max_ops", 0, ValueError), ("alone_skip", -2, ValueError), ("compile_after", True, ValueError)])
+    ("max_ops", 0, ValueError), ("alone_skip", -2, ValueError),
+    ("compile_after", True, ValueError)])
 def test_options_refuse_what_the_policy_cannot_use(name, value, error):
     # (a typo did nothing; compile_after="x" raised a TypeError at the next flush)
     before = repr(adaptive.options)
