@@ -180,6 +180,8 @@ def _dtypes_uncached(op: Elementwise, keys):
                 f"{user_name(op)} has no neuron kernel for {k[0]}: PyTorch's {k[0]} is a storage "
                 f"type (copies and views); convert it first, e.g. x.to(torch.int32)")
     common = _result_type(keys)
+    if common.is_complex:  # (t == 1j: the refusal, not a TypeError that __eq__ turns into a
+        T.check_dtype(common)  # Python False)
     if op.kind == "int_to_float" and not common.is_floating_point:
         common = torch.get_default_dtype()
     elif op.float_only and not common.is_floating_point and op.kind != "always_bool":

@@ -306,6 +306,7 @@ def test_unsupported_layouts_and_dtypes_are_refused_clearly():
     x = torch.ones(3, device="neuron")
     for complex_op in (lambda: x * 1j, lambda: 1j + x, lambda: x * torch.tensor(1j),
                        lambda: x ** 1j,  # (a TypeError there became "unsupported operand")
+                       lambda: x == (1 + 0j), lambda: x != 1j,  # (were Python bools)
                        lambda: torch.ones(4, device="neuron").view(torch.cfloat)):  # (KeyError)
         with pytest.raises(RuntimeError, match="Trainium has no complex dtypes"):
             complex_op()
