@@ -127,7 +127,8 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         is_causal = False
     out = _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                           enable_gqa=enable_gqa)
-    strides = like_strides(query, None) if _flash_on_cpu(query, key, value, dropout_p) else None
+    strides = like_strides(query, None) if _flash_on_cpu(query, key, value, attn_mask, dropout_p,
+                                                         enable_gqa) else None
     if strides is None:
         return out
     laid_out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
@@ -140,9 +141,17 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
 # T, C)` works there; the math path returns a contiguous (B, H, T, E) and that view failed.
 # The CPU takes the flash kernel for 4-D inputs of one head size, without dropout, with as many
 # key as query heads; elsewhere its math path returns a contiguous result too.
-def _flash_on_cpu(query, key, value, dropout_p) -> bool:
+def _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
+    """Whether the CPU would run its flash kernel on these inputs (torch 2.13's checks, seen
+    from the outside: 4-D inputs of one head size, as many key heads as query heads or a
+    divisor of them with enable_gqa, a unit last stride, keys, no dropout, no 3-D mask or
+    mask that requires grad, and the flash switch of torch.nn.attention.sdpa_kernel on)."""
     return query.dim() == 4 and not dropout_p and key.dim() == value.dim() == 4 and \
-        query.shape[1] == key.shape[1] and query.shape[-1] == key.shape[-1] == value.shape[-1]
+        (query.shape[1] == key.shape[1] or enable_gqa and key.shape[1] and
+         query.shape[1] % key.shape[1] == 0) and \
+        query.shape[-1] == key.shape[-1] == value.shape[-1] and query.stride(-1) == 1 and \
+        key.shape[-2] > 0 and torch.backends.cuda.flash_sdp_enabled() and (
+            attn_mask is None or attn_mask.dim() != 3 and not attn_mask.requires_grad)
 
 
 on_autograd_key("scaled_dot_product_attention", _sdpa)

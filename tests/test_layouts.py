@@ -23,6 +23,21 @@ def _attention_heads_merged(device, **kwargs):
     return y.transpose(1, 2).view(B, T, H * E) if y.stride() == (60, 4, 12, 1) else y
 
 
+def _grouped_query_attention(device):
+    B, T, H, E = 2, 5, 4, 8  # (4 query heads share 2 key/value heads)
+    q = torch.arange(B * T * H * E, device=device).float().sin().view(B, T, H, E)
+    kv = torch.arange(B * T * 2 * E, device=device).float().cos().view(B, T, 2, E)
+    q, kv = q.transpose(1, 2), kv.transpose(1, 2)
+    return torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+
+
+def _attention_on_the_math_path(device):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):  # (the CPU's math path: contiguous)
+        return _attention_heads_merged(device)
+
+
 def _channels_last(device):
     return torch.arange(120.0, device=device).sin().view(2, 3, 4, 5).contiguous(
         memory_format=torch.channels_last)
@@ -41,6 +56,10 @@ CASES = {"broadcast of a size-1 dim's stride": _broadcast_with_odd_strides,
              _channels_last(d).transpose(0, 1), out=torch.empty(0, device=d)),
          "attention in the query's memory order": _attention_heads_merged,
          "causal attention": lambda d: _attention_heads_merged(d, is_causal=True),
+         "grouped-query attention": _grouped_query_attention,
+         "attention on the math path": _attention_on_the_math_path,
+         "attention with a 3-D mask": lambda d: _attention_heads_merged(
+             d, attn_mask=torch.zeros(3, 5, 5, device=d)),
          "attention with dropout (the CPU's math path)": lambda d: _attention_heads_merged(
              d, dropout_p=1.0),
          # x.clone(preserve_format) and an in-place write, on the CPU: x's layout
