@@ -45,6 +45,11 @@ LOWER_PRECISION = (
     aten.rnn_tanh_cell.default, aten.rnn_relu_cell.default,
     aten._scaled_dot_product_flash_attention.default, aten.scaled_dot_product_attention.default,
 )
+# The eval fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer: they skip
+# themselves under torch.is_autocast_enabled(), which asks about CUDA only, so under
+# autocast("neuron") they run, and come out in the lower precision as the CPU's do.
+FAST_PATHS = (aten._native_multi_head_attention.default,
+              aten._transformer_encoder_layer_fwd.default)
 # CUDA casts _cudnn_rnn, which nn.LSTM/GRU/RNN reach there; here they reach these.
 RECURRENT_LAYERS = (
     aten.lstm.input, aten.lstm.data, aten.gru.input, aten.gru.data, aten.rnn_tanh.input,
@@ -284,7 +289,7 @@ def _register() -> None:
     everything.fallback(torch.library.fallthrough_kernel, KEY)
     lib = torch.library.Library("aten", "IMPL")
     _LIBRARIES.extend((everything, lib))
-    table = [(op, lower_precision) for op in LOWER_PRECISION + RECURRENT_LAYERS]
+    table = [(op, lower_precision) for op in LOWER_PRECISION + RECURRENT_LAYERS + FAST_PATHS]
     table += [(op, fp32) for op in FP32]
     table += [(op, fp32_set_opt_dtype) for op in FP32_SET_OPT_DTYPE]
     table += [(op, promote) for op in PROMOTE]

@@ -37,6 +37,7 @@ def test_lists_are_cuda_lists():
     cuda = set(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA"))
     cuda -= {"aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::_cudnn_rnn"}
     cuda |= {op.name() for op in autocast.RECURRENT_LAYERS}  # in _cudnn_rnn's place
+    cuda |= {op.name() for op in autocast.FAST_PATHS}  # (CUDA's modules skip them)
     ours = {op.name() for op in autocast.POLICY}
     assert ours == cuda
     assert set(torch._C._dispatch_get_registrations_for_dispatch_key(autocast.KEY)) == ours
@@ -287,3 +288,20 @@ def test_weights_are_cast_once_per_autocast_block_as_on_the_cpu(cache_enabled):
     got = _weight_cache_program("neuron", cache_enabled)
     for (g, g_grad), (w, w_grad) in zip(got, want):
         assert torch.equal(g, w) and g.dtype == w.dtype and g_grad == w_grad
+
+
+def test_attention_fast_paths_run_in_the_lower_precision_as_on_the_cpu():
+    # (they skip themselves under torch.is_autocast_enabled(), CUDA's: under
+    # autocast("neuron") they ran, in float32)
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    results = []
+    for device in ("cpu", "neuron"):
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+            out, weights = mha.to(device)(*[x.to(device)] * 3)
+            results.append((out.cpu(), weights.cpu(), layer.to(device)(x.to(device)).cpu()))
+    for got, want in zip(*results[::-1]):
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want.float(), rtol=0.03, atol=0.03)
