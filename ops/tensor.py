@@ -288,7 +288,7 @@ class NeuronTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None):
         from neuron_eager.ops.printing import tensor_repr
 
-        return tensor_repr(self)
+        return tensor_repr(self, tensor_contents)
 
     def record_stream(self, stream) -> None:
         """Accepted, as on CUDA: kernels run at once on the host, so memory freed on one

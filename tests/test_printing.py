@@ -28,3 +28,36 @@ def test_a_summarized_tensor_prints_as_on_cpu_without_a_copy(name, monkeypatch):
 
 def _words(text: str) -> str:
     return "".join(text.split())
+
+
+def _invalid_grad_fn(d):
+    base = torch.ones(2, device=d, requires_grad=True).clone()
+    with torch.no_grad():
+        view = base[:1]
+        base.mul_(2)
+    return view
+
+
+class _Masked(torch.Tensor):
+    def __repr__(self, *, tensor_contents=None):
+        return super().__repr__(tensor_contents="[--masked--]")
+
+
+PRINTED = {
+    "edgeitems=0": lambda d: torch.arange(10.0, device=d),  # (size= instead of values)
+    "a no_grad view of a base changed in place": _invalid_grad_fn,  # (grad_fn=<Invalid>)
+    "a subclass's own contents": lambda d: torch.ones(1, device=d).as_subclass(_Masked),
+}
+
+
+@pytest.mark.parametrize("name", PRINTED)
+def test_prints_as_on_cpu(name):
+    # (each was printed otherwise, or raised)
+    options = dict(edgeitems=0, threshold=5) if name == "edgeitems=0" else {}
+    torch.set_printoptions(**options)
+    try:
+        want, got = repr(PRINTED[name]("cpu")), repr(PRINTED[name]("neuron"))
+    finally:
+        torch.set_printoptions(profile="default")
+    cut = want.index("]") + 1  # (the device comes first among the suffixes)
+    assert got == want[:cut] + ", device='neuron:0'" + want[cut:]
