@@ -63,7 +63,9 @@ def nested_mask_left_aligned(t, mask):
     """nn.TransformerEncoder's question before it nests (eval mode, src_key_padding_mask
     given): "no", so that it runs its regular path (Note [Encoder without nesting])."""
     global _encoder_warned
-    if not _encoder_warned:
+    # (asked before the encoder's other checks: with grad enabled its parameters, which
+    # require grad, keep the CPU off the fast path too, so nothing differs to warn of)
+    if not _encoder_warned and not torch.is_grad_enabled():
         _encoder_warned = True
         warn_at_user_line(
             "nn.TransformerEncoder's nested-tensor fast path (eval mode with a "

@@ -1,4 +1,6 @@
 """nn.TransformerEncoder inference with a padding mask: PyTorch's nested-tensor fast path."""
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -29,6 +31,9 @@ def test_the_default_encoder_runs_its_regular_path_and_says_so():
     x, pad = _inputs()
     cpu, ours = _encoder(nested=True), _encoder(nested=True).to(N)
     neuron_eager.ops.unsupported._encoder_warned = False
+    with warnings.catch_warnings():  # (with grad on the CPU's path is the regular one too:
+        warnings.simplefilter("error")  # no warning, and the one warning is kept for later)
+        ours(x.to(N), src_key_padding_mask=pad.to(N))
     with torch.no_grad(), pytest.warns(UserWarning, match="enable_nested_tensor=False"):
         got = ours(x.to(N), src_key_padding_mask=pad.to(N)).cpu()
     with torch.no_grad():
