@@ -408,6 +408,16 @@ class NeuronTensor(torch.Tensor):
         memo[id(self)] = copy
         return copy
 
+    def __copy__(self):
+        # as the CPU's copy.copy (a rebuild on the same storage): the same memory, a new leaf
+        copy = make(self._storage, self.shape, self.stride(), self.storage_offset(), self.dtype)
+        if getattr(self, "_is_param", False):
+            copy = torch.nn.Parameter(copy, requires_grad=self.requires_grad)
+        else:
+            copy.requires_grad_(self.requires_grad)
+        copy.__dict__.update(user_state(self))
+        return copy
+
     def numpy(self, *, force: bool = False):
         if force:
             return to_cpu(self.detach()).numpy()

@@ -236,3 +236,20 @@ def test_attributes_a_user_set_on_a_parameter_are_kept(weights_only):
                         t_loaded.tag, t_loaded.device.type, pickle.loads(pickle.dumps(t)).tag))
     assert results[1] == (*results[0][:1], "neuron", *results[0][2:7], "neuron",
                           *results[0][8:])
+
+
+def test_copy_copy_shares_memory_as_on_the_cpu():
+    # (it copied the memory: the copy's writes did not reach the original)
+    results = []
+    for device in ("cpu", "neuron"):
+        t = torch.arange(3.0, device=device).requires_grad_().t()
+        t.tag = "x"
+        p = torch.nn.Parameter(torch.ones(2, device=device))
+        p.group = "bias"
+        t2, p2 = copy.copy(t), copy.copy(p)
+        with torch.no_grad():
+            t2.add_(10)
+            p2.add_(1)
+        results.append((t.tolist(), t2.requires_grad, t2.is_leaf, t2.tag, p.tolist(),
+                        isinstance(p2, torch.nn.Parameter), p2.group))
+    assert results[0] == results[1]
