@@ -16,6 +16,7 @@ from math import prod
 
 import numpy as np
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._pytree import tree_map
 
 from neuron_eager.device_sim import OutOfMemory, core
@@ -325,8 +326,10 @@ class NeuronTensor(torch.Tensor):
                     (self.detach(), self.requires_grad, OrderedDict(), user_state(self)))
         saved = getattr(saving.state, "storages", None)
         if saved is None:
+            dense = is_non_overlapping_and_dense_or_false(self)  # (its layout kept, as the CPU's)
             return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                    (to_cpu(self.detach()), self.dtype, str(self.device), self.requires_grad))
+                    (to_cpu(self.detach(), self.stride() if dense else None), self.dtype,
+                     str(self.device), self.requires_grad))
         memory = self._storage
         entry = saved.get(id(memory))
         if entry is None:  # the whole memory once, however many tensors view it
@@ -419,8 +422,9 @@ class NeuronTensor(torch.Tensor):
         return copy
 
     def numpy(self, *, force: bool = False):
-        if force:
-            return to_cpu(self.detach()).numpy()
+        if force:  # (in its own layout, as .cpu() copies a dense tensor)
+            dense = is_non_overlapping_and_dense_or_false(self)
+            return to_cpu(self.detach(), self.stride() if dense else None).numpy()
         raise TypeError("can't convert neuron:0 device type tensor to numpy. "
                         "Use Tensor.cpu() to copy the tensor to host memory first.")
 

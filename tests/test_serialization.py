@@ -253,3 +253,16 @@ def test_copy_copy_shares_memory_as_on_the_cpu():
         results.append((t.tolist(), t2.requires_grad, t2.is_leaf, t2.tag, p.tolist(),
                         isinstance(p2, torch.nn.Parameter), p2.group))
     assert results[0] == results[1]
+
+
+def test_pickle_and_numpy_force_keep_a_dense_layout_as_on_the_cpu():
+    # (both came back contiguous: a transposed tensor's strides and channels-last were lost)
+    for make in (lambda d: torch.arange(6.0, device=d).view(2, 3).t(),
+                 lambda d: torch.arange(24.0, device=d).view(1, 2, 3, 4).contiguous(
+                     memory_format=torch.channels_last)):
+        cpu, dev = make("cpu"), make("neuron")
+        back = pickle.loads(pickle.dumps(dev))
+        assert back.device.type == "neuron" and back.stride() == \
+            pickle.loads(pickle.dumps(cpu)).stride()
+        assert torch.equal(back.cpu(), cpu)
+        assert dev.numpy(force=True).strides == cpu.numpy(force=True).strides
