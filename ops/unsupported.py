@@ -71,7 +71,9 @@ def nested_mask_left_aligned(t, mask):
             "nn.TransformerEncoder's nested-tensor fast path (eval mode with a "
             "src_key_padding_mask) is not available on neuron, which has no nested tensors: "
             "it runs its regular path, so its outputs at padded positions hold computed "
-            "values where the fast path gives zeros (the other positions are the same). "
+            "values where the fast path gives zeros (the other positions are the same, "
+            "but a decoder reading them, as nn.Transformer's does without a "
+            "memory_key_padding_mask, sees the difference). "
             "Build it with enable_nested_tensor=False to say so and silence this.")
     return False
 
