@@ -125,10 +125,15 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         attn_mask = attn_mask & causal if attn_mask.dtype == torch.bool else \
             attn_mask.masked_fill(~causal, float("-inf"))
         is_causal = False
+    flash = _flash_on_cpu(query, key, value, attn_mask, dropout_p, enable_gqa)
+    if not flash and not torch.backends.cuda.math_sdp_enabled():  # (sdpa_kernel's choice)
+        raise RuntimeError(
+            "No available kernel.  Aborting execution." if torch.backends.cuda.flash_sdp_enabled()
+            else "No viable backend for scaled_dot_product_attention was found. This is likely "
+                 "due to turning off both the math kernel and the fused kernels.")
     out = _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                           enable_gqa=enable_gqa)
-    strides = like_strides(query, None) if _flash_on_cpu(query, key, value, attn_mask, dropout_p,
-                                                         enable_gqa) else None
+    strides = like_strides(query, None) if flash else None
     if strides is None:
         return out
     laid_out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)

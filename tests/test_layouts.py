@@ -121,3 +121,22 @@ def test_dropout_keeps_the_inputs_layout(train):
     assert torch.equal(out, x * mask * (2.0 if train else 1.0))  # (mask and output agree)
     kept = mask.float().mean().item()
     assert 0.45 < kept < 0.55 if train else kept == 1.0
+
+
+@pytest.mark.parametrize("backends, kwargs", [
+    (("EFFICIENT_ATTENTION",), {}), (("CUDNN_ATTENTION",), {}),
+    (("FLASH_ATTENTION",), {"dropout_p": 0.3}), (("FLASH_ATTENTION",), {"enable_gqa": False})])
+def test_attention_honours_sdpa_kernel_as_the_cpu(backends, kwargs):
+    # (neuron ran whatever torch.nn.attention.sdpa_kernel allowed)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    outcomes = []
+    for device in ("cpu", "neuron"):
+        q = torch.randn(2, 3, 4, 8, device=device)
+        with sdpa_kernel([getattr(SDPBackend, b) for b in backends]):
+            try:
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, **kwargs)
+                outcomes.append("ran")
+            except RuntimeError as error:
+                outcomes.append(str(error))
+    assert outcomes[0] == outcomes[1]
