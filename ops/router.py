@@ -359,8 +359,8 @@ def _elementwise_into(functional, args, kwargs, dst: NeuronTensor) -> bool:
     """An elementwise out= call written straight into `dst`, as the in-place form is (the
     result computed in the promoted type and rounded into dst's dtype, through the promoted
     dtype where that is bf16/fp16, or the CPU's cast error), when dst has the result's shape;
-    False to compute the result apart and copy it (resizes, other kernels). A 16 MB add with out= took twice the functional add's time
-    through the copy."""
+    False to compute the result apart and copy it (resizes, other kernels). A 16 MB add
+    with out= took twice the functional add's time through the copy."""
     planned = E.FUSIBLE[functional](*args, **kwargs)  # the kernel's own checks
     if planned is None or len(planned) != 3 or type(planned[0]) is not E.Elementwise:
         return False
