@@ -461,7 +461,9 @@ def run(op: Elementwise, operands, params=(), out: NeuronTensor | None = None) -
     """Compute `op` elementwise and return the result (written into `out` if given).
 
     Checks devices itself (kernels calling it set `checks_devices`): operands are neuron
-    tensors, Python scalars or CPU 0-dim tensors.
+    tensors, Python scalars or CPU 0-dim tensors. An `out` wider than a bf16/fp16 result
+    gets the rounded result, as a user's out= does on the CPU: a kernel that means to compute
+    in out's dtype promotes its operands first (as addr does for its vectors).
     """
     if out is not None and type(out) is not NeuronTensor:  # (a CPU 0-dim x.add_(neuron y))
         raise T.device_error(out.device)
