@@ -27,8 +27,10 @@ _JIT = I._JIT
 
 # -- embedding_bag ---------------------------------------------------------------------------
 # Note [embedding_bag outputs]: besides the bags we return offset2bag (the bag of every
-# index), bag_size (non-padding indices per bag) and max_indices (mode max: the row that won
-# each output element, -1 for none). Our backward reads exactly these.
+# index), bag_size and max_indices, with the CPU's values (torch.embedding_bag returns them):
+# mode sum: zeros for both; mean: the non-padding indices per bag, twice; max: that count and
+# the row that won each output element (0 in an empty bag, whose count says it has none).
+# Our backward reads exactly these.
 def _make_bag_forward(load, store):
     @njit(**_JIT)
     def bag_forward(out, offset2bag, bag_size, max_idx, weight, idx, starts, ends, mode, psw,
@@ -72,7 +74,7 @@ def _make_bag_backward(load):
             for b in range(max_idx.shape[0]):
                 for d in range(max_idx.shape[1]):
                     k = max_idx[b, d]
-                    if k >= 0:
+                    if bag_size[b]:
                         gw[k, d] += load(grad[b, d]) / freq[k]
             return
         for i in range(idx.shape[0]):
@@ -141,7 +143,7 @@ def _embedding_bag_impl(weight, indices, offsets, mode=0, per_sample_weights=Non
     out = T.empty((nbags, weight.shape[1]), stage_dtype(weight.dtype))  # (stochastic rounding)
     offset2bag = fill(T.empty((idx.numel(),), torch.int64), 0)
     bag_size = T.empty((nbags,), torch.int64)
-    max_idx = fill(T.empty((nbags, weight.shape[1]) if mode == 2 else (nbags,), torch.int64), -1)
+    max_idx = T.empty((nbags, weight.shape[1]) if mode == 2 else (nbags,), torch.int64)
     psw = (contiguous(per_sample_weights).reshape(-1)._nd if per_sample_weights is not None
            else np.empty(0, T.STORAGE_DTYPE[weight.dtype]))
     if nbags:
@@ -150,6 +152,13 @@ def _embedding_bag_impl(weight, indices, offsets, mode=0, per_sample_weights=Non
             out._nd, offset2bag._nd, bag_size._nd, mi, w._nd, idx._nd, starts, ends, mode, psw,
             padding_idx)
         core.launch("gpsimd", idx.numel() * weight.shape[1], out._nd.nbytes + idx._nd.nbytes)
+    if mode == 0:  # (Note [embedding_bag outputs])
+        bag_size._nd[:] = 0
+        max_idx._nd[:] = 0
+    elif mode == 1:
+        max_idx._nd[:] = bag_size._nd
+    else:
+        max_idx._nd[bag_size._nd == 0] = 0
     return finish(out, weight.dtype), offset2bag, bag_size, max_idx
 
 
@@ -158,8 +167,13 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
                    per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     if sparse:
         refuse_sparse_gradient(weight, "EmbeddingBag")
-    if indices.is_floating_point() or offsets.is_floating_point():  # (the CPU's dtype check)
-        T.cpu_refusal(aten._embedding_bag.default, weight, indices, offsets)
+    if indices.is_floating_point() or offsets.is_floating_point() or (
+            per_sample_weights is not None and (
+                per_sample_weights.dtype != weight.dtype or per_sample_weights.dim() != 1
+                or per_sample_weights.numel() != indices.numel())):  # (the CPU's checks)
+        T.cpu_refusal(aten._embedding_bag.default, weight, indices, offsets,
+                      scale_grad_by_freq, mode, sparse, per_sample_weights,
+                      include_last_offset, padding_idx)
     return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
                                include_last_offset, padding_idx)
 

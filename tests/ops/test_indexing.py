@@ -407,6 +407,17 @@ def test_embedding_bag(mode, seed):
         check_op(lambda i, t, o, p: F.embedding_bag(i, t, o, mode="sum", per_sample_weights=p),
                  idx, w.clone().requires_grad_(), off, torch.randn(8).requires_grad_(),
                  grad=True)
+    # torch.embedding_bag's bag_size and max_indices too, with an empty and a padded bag
+    check_op(lambda t, i, o: torch.embedding_bag(t, i, o, False, ["sum", "mean", "max"].index(
+        mode), False, None, False, 2), w.clone().requires_grad_(), idx, off, grad=True)
+
+
+@pytest.mark.parametrize("psw", [torch.ones(8, dtype=torch.bfloat16), torch.ones(7),
+                                 torch.ones(8, 1)], ids=["bf16", "short", "2-d"])
+def test_embedding_bag_refuses_the_cpus_bad_sample_weights(psw):
+    check_error(lambda t, i, o, p: F.embedding_bag(i, t, o, mode="sum", per_sample_weights=p),
+                torch.randn(10, 3), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]),
+                torch.tensor([0, 4]), psw)
 
 
 def test_index_put_accumulate_rounds_like_cpu(seed):
