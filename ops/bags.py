@@ -292,33 +292,31 @@ def _make_segment_backward(load, store):
                     g = load(grad[b, s, k])
                     out = load(output[b, s, k])
                     if op == 0 or op == 2:
+                        # the winners: elements equal to the result, and NaNs (as the CPU)
                         ties = 0
                         for j in range(start, end):
-                            if load(data[b, j, k]) == out:
+                            v = load(data[b, j, k])
+                            if v != v or v == out:
                                 ties += 1
                         # ties share a positive gradient; a negative one goes whole to each
                         # (the CPU kernel divides only values > 0)
                         share = g / np.float32(ties) if g > 0 else g
                         for j in range(start, end):
-                            hit = load(data[b, j, k]) == out
+                            v = load(data[b, j, k])
+                            hit = v != v or v == out
                             grad_in[b, j, k] = store(share if hit else np.float32(0))
                     elif op == 4:
-                        zeros = 0
-                        rest = initial if has_initial else np.float32(1)
+                        # g * out / v, where v is 0 or NaN: g times the product of the others
                         for j in range(start, end):
                             v = load(data[b, j, k])
-                            if v == 0:
-                                zeros += 1
-                            else:
-                                rest *= v
-                        for j in range(start, end):
-                            v = load(data[b, j, k])
-                            if zeros == 0:
-                                r = g * out / v
-                            elif zeros == 1 and v == 0:
+                            if v == 0 or v != v:
+                                rest = initial if has_initial else np.float32(1)
+                                for i in range(start, end):
+                                    if i != j:
+                                        rest *= load(data[b, i, k])
                                 r = g * rest
                             else:
-                                r = np.float32(0)
+                                r = g * out / v
                             grad_in[b, j, k] = store(r)
                     else:
                         if op == 1:

@@ -453,6 +453,10 @@ def test_segment_reduce(reduce, seed):
                  x.clone().requires_grad_(), lengths, grad=True)
         check_op(lambda t, o: sr(t, reduce, offsets=o, initial=initial),
                  x.clone().requires_grad_(), offsets, grad=True)
+    # a NaN wins max and min and gets their gradient; prod's for a NaN or a 0 is the others'
+    nans = torch.tensor([float("nan"), 1.0, 0, -1, 2, 3, 0, 0, 5, float("inf"), 0])
+    check_op(lambda t, n: sr(t, reduce, lengths=n), nans.requires_grad_(),
+             torch.tensor([2, 1, 3, 3, 2]), grad=True)
     data, lens = torch.randn(2, 6, 3), torch.tensor([[2, 0, 3, 1], [1, 1, 1, 3]])
     check_op(lambda t, n: sr(t, reduce, lengths=n, axis=1), data.requires_grad_(), lens,
              grad=True)
