@@ -23,7 +23,7 @@ from neuron_eager.ops.meta import as_cpu_kernels, in_cpu_words
 from neuron_eager.ops import overlap
 from neuron_eager.ops import tensor as T
 from neuron_eager.ops.copy import clone, fill
-from neuron_eager.ops.jit import njit
+from neuron_eager.ops.jit import fma, njit
 from neuron_eager.ops.registry import on_autograd_key, register
 from neuron_eager.ops.unsupported import refuse_sparse_gradient
 from neuron_eager.ops.views import meta_like
@@ -260,7 +260,8 @@ def _min_nan(a, b):
 
 
 COMBINE = {
-    "sum": njit(inline="always")(lambda a, v, alpha: a + alpha * v),
+    # (one rounding, as the CPU's add_(alpha=) of a slice: Note [Fused multiply-adds])
+    "sum": njit(inline="always")(lambda a, v, alpha: fma(alpha, v, a)),
     "prod": njit(inline="always")(lambda a, v, alpha: a * v),
     "amax": njit(inline="always")(lambda a, v, alpha: _max_nan(a, v)),
     "amin": njit(inline="always")(lambda a, v, alpha: _min_nan(a, v)),
@@ -501,7 +502,10 @@ def _index_add(x, dim, index, source, alpha):
     dim = dim % x1.dim()
     # (the CPU's 1-D kernel raises its own error, its strided one the scatter's)
     check_bounds(index, x1.shape[dim], dim, False, "select" if x.dim() <= 1 else "scatter")
-    return x1, s1, dim, index
+    if x.dim() <= 1 and alpha != 1 and x.dtype == torch.float32:
+        s1 = aten.mul.Tensor(s1, alpha)  # (the CPU's 1-D loop rounds source * alpha first)
+        alpha = 1
+    return x1, s1, dim, index, alpha
 
 
 @register(aten.index_copy_.default)
@@ -558,7 +562,7 @@ def take_elements(x, index):
 
 @register(aten.index_add.default)
 def index_add(x, dim, index, source, *, alpha=1):
-    x1, s1, dim, index = _index_add(x, dim, index, source, alpha)
+    x1, s1, dim, index, alpha = _index_add(x, dim, index, source, alpha)
     acc = accumulator(x1)
     put_reduce(acc, s1, dim, index, s1.shape, s1.stride(), _dim_only(index, s1.dim(), dim),
                alpha=alpha)
@@ -567,7 +571,7 @@ def index_add(x, dim, index, source, *, alpha=1):
 
 @register(aten.index_add_.default)
 def index_add_(x, dim, index, source, *, alpha=1):
-    x1, s1, dim, index = _index_add(x, dim, index, source, alpha)
+    x1, s1, dim, index, alpha = _index_add(x, dim, index, source, alpha)
     overlap.check_no_internal_overlap(x)
     if T.shares_memory([x], [index, source]):  # Note [Writes into their own inputs]
         T.run_on_cpu(aten.index_add_.default, (x, dim, index, source), {"alpha": alpha})

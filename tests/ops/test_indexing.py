@@ -82,6 +82,19 @@ def test_scatter_and_index_add(dtype, seed):
     check_op(lambda t, i, s: t.clone().index_add_(1, i, s.t()[:4]), x, rows, src)
 
 
+def test_index_add_rounds_alpha_as_the_cpu(seed):
+    # slices add source * alpha with one rounding (the CPU's add_), a 1-D tensor's loop with two
+    for shape, dim in (((300, 16), 0), ((16, 300), 1), ((3000,), 0)):
+        x, src = torch.randn(shape), torch.randn(shape)
+        rows = torch.randperm(shape[dim])
+        expected = x.index_add(dim, rows, src, alpha=2.5)
+        assert torch.equal(x.to(NEURON).index_add(dim, rows.to(NEURON), src.to(NEURON),
+                                                  alpha=2.5).cpu(), expected)
+        inplace = x.to(NEURON)
+        inplace.index_add_(dim, rows.to(NEURON), src.to(NEURON), alpha=2.5)
+        assert torch.equal(inplace.cpu(), expected)
+
+
 @pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
 @pytest.mark.parametrize("include_self", [True, False])
 def test_scatter_reduce(reduce, include_self, seed):
