@@ -618,8 +618,29 @@ def numba_function_cache(folder, function_key):
 # two processes can only write the same code to the same name.
 def keyed_cache_files(cache) -> None:
     """Give a Numba Cache (a dispatcher's `_cache`) the saving of Note [Cache files across
-    processes]."""
+    processes], and make its disk errors a warning (Note [A cache folder that goes away])."""
     cache._cache_file.__class__ = _keyed_index_file_class()
+    cache._guard_against_spurious_io_errors = _disk_errors_warned
+
+
+# Note [A cache folder that goes away]
+# Another version's pruning (Note [Old fingerprints] in ops/diskcache.py), a user clearing
+# ~/.cache or a full disk can take a kernel folder away while a process uses it. Numba lets
+# the OSError of loading or saving escape into the op that wanted the kernel (its guard
+# covers Windows' EACCES only); here it warns once, and the kernel compiles in memory.
+_disk_warned: set = set()
+
+
+@contextlib.contextmanager
+def _disk_errors_warned():
+    try:
+        yield
+    except OSError as e:
+        if type(e) not in _disk_warned:
+            _disk_warned.add(type(e))
+            sourceline.warn_at_user_line(
+                f"neuron-eager: a kernel could not be read from or written to the disk cache "
+                f"({type(e).__name__}: {e}); it compiles in memory", RuntimeWarning)
 
 
 @functools.cache

@@ -1,16 +1,18 @@
 """The user's source line behind an op: for warnings, errors and (later) profiles.
 
-The user's frame is the innermost Python frame outside torch and neuron-eager;
+The user's frame is the innermost Python frame outside torch, Numba and neuron-eager;
 C++ dispatch adds no Python frames, so it is found by walking up the stack.
 """
 from __future__ import annotations
 
 import bdb
+import contextlib
 import os
 import sys
 import threading
 import warnings
 
+import numba
 import torch
 
 _PACKAGES = ("neuron_eager", "neuron_eager.ops", "neuron_eager.adaptive", "neuron_eager.device_sim")
@@ -24,12 +26,13 @@ def _internal_dirs() -> tuple[str, ...]:
     global _internal
     if _internal:
         return _internal
-    dirs = [os.path.dirname(torch.__file__)]
+    # (numba's and contextlib's frames too: a warning raised inside a kernel's compile)
+    dirs = [os.path.dirname(torch.__file__), os.path.dirname(numba.__file__)]
     for name in _PACKAGES:
         module = sys.modules.get(name)
         dirs.extend(getattr(module, "__path__", ()))
-    found = tuple(os.path.join(d, "") for d in dirs)
-    if len(found) == 1 + len(_PACKAGES):
+    found = (*(os.path.join(d, "") for d in dirs), contextlib.__file__)
+    if len(found) == 3 + len(_PACKAGES):
         _internal = found
     return found
 

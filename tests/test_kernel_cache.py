@@ -187,3 +187,32 @@ def test_overloads_saved_by_two_processes_keep_their_own_code(tmp_path):
     assert len(names) == 2 and not any(".1.nbc" in n for n in names)
     second.save(("int64[:]",), b"code for int64")  # the same key: the same file again
     assert {p.name for p in tmp_path.iterdir() if p.suffix == ".nbc"} == names
+
+
+GONE = textwrap.dedent("""
+    import os, shutil, sys
+    import torch, neuron_eager
+
+    root = os.environ["NEURON_EAGER_CACHE_DIR"]
+    x = torch.rand(8) + 0.5
+    (x.to("neuron") + 1).cpu()
+    for name in os.listdir(root):  # the folder goes (another version pruned it) ...
+        shutil.rmtree(os.path.join(root, name))
+        open(os.path.join(root, name), "w").close()  # ... and cannot come back
+    for op in (torch.special.i0, torch.digamma, lambda t: torch.cumprod(t, 0)):
+        assert torch.allclose(op(x.to("neuron")).cpu(), op(x)), op
+    print("ran")
+""")
+
+
+def test_a_cache_folder_that_goes_away_warns_and_compiles_in_memory(tmp_path):
+    # Note [A cache folder that goes away] in ops/_compat.py
+    script = tmp_path / "gone.py"
+    script.write_text(GONE)
+    env = dict(os.environ, NEURON_EAGER_CACHE_DIR=str(tmp_path / "kernels"))
+    done = subprocess.run([sys.executable, "-W", "always", str(script)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.split() == ["ran"], done.stderr
+    warned = [line for line in done.stderr.splitlines()
+              if "could not be read from or written to the disk cache" in line]
+    assert warned and warned[0].startswith(f"{script}:")  # (it names the user's line)
