@@ -184,6 +184,19 @@ def _as_dtype(value: float, dtype: torch.dtype) -> np.float32:
     return np.float32(bits)
 
 
+def _check_bin_count(n: int, dim: int) -> None:
+    if n <= 0:  # (the CPU's words for histc, histogram and histogramdd alike)
+        raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {n} for dimension "
+                           f"{dim}")
+
+
+# the names the CPU's dtype check gives (caffe2's type names)
+_TYPE_META_NAMES = {torch.float32: "float", torch.float64: "double",
+                    torch.bfloat16: "c10::BFloat16", torch.float16: "c10::Half",
+                    torch.int64: "long int", torch.int32: "int", torch.int16: "short int",
+                    torch.int8: "signed char", torch.uint8: "unsigned char", torch.bool: "bool"}
+
+
 def _require_float(x, name):
     if not x.dtype.is_floating_point:
         raise NotImplementedError(f'"{name}" not implemented for \'{T.dtype_name(x.dtype)}\'')
@@ -194,7 +207,8 @@ def histc(x, bins=100, min=0, max=0):
     if not x.dtype.is_floating_point and x.dtype != torch.bool:
         return _int_histc(x, bins, min, max)
     _require_float(x, "histogram_cpu")
-    if bins > 0 and float(min) > float(max):  # (before the meta kernel: its words differ)
+    _check_bin_count(bins, 0)  # (before the meta kernel: its words differ)
+    if float(min) > float(max):
         raise RuntimeError("torch.histc: max must be larger than min")
     meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     with as_cpu_kernels():
@@ -285,9 +299,7 @@ def _histogramdd(op, x, bins, rng, weight, density, want_edges=True):
             ext = np.empty(2 * nd, np.float32)
             _run(_kernel("hist_extrema", x.dtype), points, ext, dims=0)
         for d, n in enumerate(bins):
-            if n <= 0:
-                raise RuntimeError(f"torch.histogramdd(): bins must be > 0, but got {n} for "
-                                   f"dimension {d}")
+            _check_bin_count(n, d)
             left, right = (float(rng[2 * d]), float(rng[2 * d + 1])) if rng is not None else \
                 (float(ext[2 * d]), float(ext[2 * d + 1])) if ext is not None else (0.0, 1.0)
             if not (np.isfinite(left) and np.isfinite(right)):
@@ -302,10 +314,16 @@ def _histogramdd(op, x, bins, rng, weight, density, want_edges=True):
         counts = list(bins)
         edges = [T.empty((n + 1,), x.dtype) for n in counts]
     else:
-        for b in bins:
+        for d, b in enumerate(bins):
             if b.dim() != 1 or b.numel() < 1:
                 raise RuntimeError("torch.histogramdd(): bins tensor should have one dimension "
                                    "and at least 1 element")
+            if b.dtype != x.dtype:
+                raise RuntimeError(
+                    f"torch.histogramdd: input tensor and bins tensors should have the same "
+                    f"dtype, but got input with dtype {_TYPE_META_NAMES[x.dtype]} and bins for "
+                    f"dimension {d} with dtype {_TYPE_META_NAMES.get(b.dtype, b.dtype)}")
+            _check_bin_count(b.numel() - 1, d)
         edges = [b.to(x.dtype).contiguous().clone() for b in bins]
         counts = [e.numel() - 1 for e in edges]
     flat_edges = np.empty(sum(n + 1 for n in counts), src.dtype)

@@ -645,12 +645,18 @@ def _search(op, boundaries, values, out_int32, right, side=None, sorter=None, sc
 
 @register(aten.searchsorted.Tensor)
 def searchsorted(sorted_sequence, x, *, out_int32=False, right=False, side=None, sorter=None):
+    if sorted_sequence.dim() == 0:  # (the meta kernel takes it; the CPU's check names x too)
+        T.cpu_refusal(aten.searchsorted.Tensor, sorted_sequence, x, out_int32=out_int32,
+                      right=right, side=side, sorter=sorter)
     return _search(aten.searchsorted.Tensor, sorted_sequence, x, out_int32, right, side, sorter)
 
 
 @register(aten.searchsorted.Scalar)
 def searchsorted_scalar(sorted_sequence, x, *, out_int32=False, right=False, side=None,
                         sorter=None):
+    if sorted_sequence.dim() == 0:
+        T.cpu_refusal(aten.searchsorted.Scalar, sorted_sequence, x, out_int32=out_int32,
+                      right=right, side=side, sorter=sorter)
     return _search(aten.searchsorted.Scalar, sorted_sequence, x, out_int32, right, side, sorter,
                    scalar=True)
 

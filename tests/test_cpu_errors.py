@@ -245,6 +245,13 @@ ERRORS = {
         _t(d, [1., 2.]), _t(d, [1.5]), side="middle"),
     "searchsorted side and right opposite": lambda d: torch.searchsorted(
         _t(d, [1., 2.]), _t(d, [1.5]), side="left", right=True),
+    "searchsorted of 0-dim boundaries": lambda d: torch.searchsorted(_t(d, 1.), _t(d, [.5])),
+    "searchsorted of 0-dim boundaries and value": lambda d: torch.searchsorted(_t(d, 1.), .5),
+    "histogram with one bin edge": lambda d: torch.histogram(_t(d, [.5]), _t(d, [0.])),
+    "histogram edges of another dtype": lambda d: torch.histogram(
+        _t(d, [.5]), _t(d, [0., 1.], dtype=torch.float16)),
+    "histogramdd with 0 bins": lambda d: torch.histogramdd(_t(d, [[.5]]), [0]),
+    "histc with 0 bins": lambda d: torch.histc(_t(d, [.5]), 0),
     "segment_reduce lengths past the data": lambda d: torch.segment_reduce(
         torch.arange(6., device=d), "sum", lengths=_t(d, [3, 4])),
     "take with an int32 index": lambda d: torch.arange(4., device=d).take(
