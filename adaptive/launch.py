@@ -134,9 +134,26 @@ def _run_op(region, values, j: int) -> None:
         values[j] = node.runner(operands, node.params, node.dtype)
     elif node.inplace:  # as the in-place kernel does: computed, then rounded into out
         values[j] = E.run(node.op, operands, node.params, out=_output(region, node))
-    else:
+    elif node.default_dtype is E.default_dtype():
         values[j] = E.run(node.op, operands, node.params)
+    else:
+        values[j] = _run_with_default_dtype(node, operands)
     fusion.stats["unfused_ops"] += 1
+
+
+# Note [The default dtype of a recorded op]
+# An int tensor times a float scalar takes the default dtype. A program may change it
+# (torch.set_default_dtype, a library's `with` block) between recording such an op and the
+# sync point that runs it: the recorded node keeps the dtype its result was given, and an op
+# run op by op runs under the default dtype of its recording. (A fused kernel computes in
+# the node's recorded types already.)
+def _run_with_default_dtype(node, operands):
+    now = torch.get_default_dtype()
+    torch.set_default_dtype(node.default_dtype)
+    try:
+        return E.run(node.op, operands, node.params)
+    finally:
+        torch.set_default_dtype(now)
 
 
 def _output(region, node):

@@ -198,6 +198,7 @@ def _add_node(region, op, refs, params, raw, dtype, compute, shape, out, target=
     node.dtype, node.compute, node.shape = dtype, compute, shape
     node.runner, node.target, node.inplace = None, target, inplace
     node.views, node.stride, node.offset = None, None, 0
+    node.default_dtype = E.default_dtype()  # (Note [The default dtype of a recorded op])
     node.key = (op, refs, len(params), dtype, shape, compute, inplace, target)
     if _foreach_where is not None:
         node.where, node.site = _foreach_where, None

@@ -64,7 +64,7 @@ class Node:
 
     __slots__ = ("index", "op", "refs", "params", "scalars", "raw", "dtype", "compute",
                  "shape", "outs", "where", "site", "key", "region", "error", "runner",
-                 "inplace", "target", "views", "stride", "offset")
+                 "inplace", "target", "views", "stride", "offset", "default_dtype")
 
     def alive(self) -> bool:
         return alive_count(self.outs) != 0

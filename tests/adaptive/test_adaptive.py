@@ -3,6 +3,7 @@
 Every check runs the same program in plain eager and then several times in adaptive eager
 (first sighting op by op, then compiled, then from the cache) and compares the bits.
 """
+import inspect
 import subprocess
 import sys
 import threading
@@ -92,6 +93,35 @@ def test_promotion_follows_a_changed_default_dtype():
                 both_modes(lambda: ((i * 0.5 + 1).sqrt(), i / 4))
             with neuron_eager.adaptive_eager():
                 assert (i * 0.5 + 1).sqrt().dtype == dtype
+    finally:
+        torch.set_default_dtype(saved)
+
+
+@pytest.mark.parametrize("recorded,run", [(torch.float64, torch.float32),
+                                           (torch.float32, torch.float64),
+                                           (torch.bfloat16, torch.float32)])
+def test_ops_recorded_before_the_default_dtype_changes_keep_its_promotion(recorded, run):
+    # Note [The default dtype of a recorded op] in adaptive/launch.py
+    i = rand(6, dtype=torch.int32)
+
+    def program():
+        torch.set_default_dtype(recorded)
+        y = i * 2.5 + 1  # the default dtype's
+        torch.set_default_dtype(run)
+        z = y[1:]  # a view of the pending result, then the region runs under `run`
+        return y.detach().cpu(), z.cpu(), y.untyped_storage().nbytes()
+
+    saved = torch.get_default_dtype()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (float64 is computed in float32)
+            expected = program()
+            for _ in range(3):
+                with neuron_eager.adaptive_eager():
+                    got = program()
+                same_bits(got[0], expected[0])
+                same_bits(got[1], expected[1])
+                assert got[2] == expected[2]
     finally:
         torch.set_default_dtype(saved)
 
@@ -756,6 +786,15 @@ def test_explain_counts_the_ops_nothing_read():
     torch.neuron.synchronize()
     assert y.tolist() == [3.0] * 8
     assert adaptive.explain(1).startswith("region of 6 ops (4 not run: nothing read their")
+
+
+def test_explain_names_the_line_of_the_block_that_ends_a_region():
+    x = torch.ones(8, device=N)
+    with neuron_eager.adaptive_eager():
+        y = x * 2 + 1
+    line = inspect.currentframe().f_lineno - 2  # (the `with` statement's exit: its first line)
+    assert y.tolist() == [3.0] * 8
+    assert f"flushed by adaptive eager off at {__file__}:{line}:" in adaptive.explain(1)
 
 
 @pytest.mark.parametrize("name, value, error", [
