@@ -166,8 +166,7 @@ def _clamp(x, lo, hi):
     if dtype != x.dtype:
         return None  # eager casts first
     arithmetic.check_clamp_bounds(lo, hi, dtype)
-    return Planned(arithmetic._CLAMP, [x], [0 if lo is None else lo, 0 if hi is None else hi,
-                                             lo is not None, hi is not None],
+    return Planned(arithmetic._CLAMP, [x], arithmetic.clamp_params(lo, hi, dtype),
                    runner=lambda ops, params, to: arithmetic._clamp_run(ops[0], lo, hi))
 
 

@@ -539,8 +539,15 @@ def _clamp_run(x, lo, hi, out=None):
     check_clamp_bounds(lo, hi, dtype)
     if out is None and dtype != x.dtype:
         x = x.to(dtype)
-    return E.run(_CLAMP, [x], [0 if lo is None else lo, 0 if hi is None else hi,
-                               lo is not None, hi is not None], out=out)
+    return E.run(_CLAMP, [x], clamp_params(lo, hi, dtype), out=out)
+
+
+def clamp_params(lo, hi, dtype) -> list:
+    """The clamp kernel's parameters. The CPU casts the bounds to a bf16/fp16 x's dtype
+    before comparing: 1e-8 is fp16's 0.0, which -0.0 is not below."""
+    if dtype in (torch.float16, torch.bfloat16):
+        lo, hi = (None if v is None else numerics.reduced_scalar(v, dtype) for v in (lo, hi))
+    return [0 if lo is None else lo, 0 if hi is None else hi, lo is not None, hi is not None]
 
 
 def check_clamp_bounds(lo, hi, dtype) -> None:

@@ -130,6 +130,19 @@ def test_clamp_and_where(seed):
     check_op(lambda t: torch.where(t > 0, t, 0.0), x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_clamp_compares_with_bounds_in_a_16_bit_dtype(dtype, adaptive):
+    # (1e-8 is 0.0 in fp16: the CPU keeps -0.0 above it; an unrounded bound replaced it)
+    x = torch.tensor([-1.0, 0.0, -0.0, 1e-7, 6e-8, 1.0], dtype=dtype)  # (NaN bits: the host's)
+    for bound in (1e-40, 1e-8, 3e-8, 1e-5, 1.00001):
+        for fn in (lambda t: t.clamp(min=bound), lambda t: t.clamp(max=-bound),
+                   lambda t: t.clamp(-bound, bound), lambda t: t.clone().clamp_(min=bound)):
+            with neuron_eager.adaptive_eager(adaptive):
+                got = fn(x.to("neuron")).cpu()
+            assert torch.equal(got.view(torch.int16), fn(x).view(torch.int16)), bound
+
+
 def test_ternary(seed):
     x, a, b = torch.randn(8), torch.randn(8), torch.rand(8) + 0.5
     check_op(lambda x, a, b: torch.addcmul(x, a, b, value=0.3), x, a, b)
