@@ -89,6 +89,7 @@ register(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)(_adam_step(Tr
 
 
 @register(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
+@_in_fp32
 def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening,
                nesterov, maximize, is_first_step, grad_scale=None, found_inf=None):
     if not params or _skipped(found_inf):
@@ -108,12 +109,13 @@ def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay, momentum, l
     aten._foreach_add_.List(params, g, alpha=-lr)
 
 
-@register(aten._fused_adagrad_.default)
+@register(aten._fused_adagrad_.default, aten._fused_adagrad_.tensor_lr)
 @_in_fp32
 def fused_adagrad_(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps,
                    maximize, grad_scale=None, found_inf=None):
     if not params or _skipped(found_inf):
         return
+    lr = lr.item() if isinstance(lr, torch.Tensor) else lr
     g = _unscaled(grads, grad_scale, maximize)
     if weight_decay != 0:
         g = aten._foreach_add.List(g, params, alpha=weight_decay)

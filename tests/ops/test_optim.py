@@ -16,6 +16,7 @@ CASES = [
     (torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1, maximize=True)),
     (torch.optim.Adagrad, dict(lr=0.1)),
     (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, maximize=True)),
+    (torch.optim.Adagrad, dict(lr=torch.tensor(0.1))),
 ]
 
 
@@ -72,3 +73,24 @@ def test_fused_steps_on_16_bit_parameters_keep_fp32_intermediates(cls, dtype):
     assert torch.isfinite(results[1]).all()
     ulp = torch.finfo(dtype).eps * results[0].abs().float().clamp_min(1)
     assert ((results[1].float() - results[0].float()).abs() <= ulp).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_sgd_on_16_bit_parameters_rounds_once(dtype):
+    # the CPU's fused SGD keeps its intermediates in fp32 and rounds each stored tensor once;
+    # on tensors of 15 elements it runs its scalar loop, whose 16-bit path is the reference
+    # (its vector loop reads a bf16 momentum buffer as fp32)
+    results = []
+    for device in ("cpu", "neuron"):
+        g = torch.Generator().manual_seed(0)
+        params = [torch.randn(15, generator=g).to(dtype).to(device).requires_grad_()
+                  for _ in range(8)]
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                              fused=True)
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.randn(15, generator=g).to(dtype).to(device)
+            opt.step()
+        results.append(torch.cat([p.detach().cpu() for p in params] +
+                                 [opt.state[p]["momentum_buffer"].cpu() for p in params]))
+    assert torch.equal(results[1], results[0])
