@@ -58,14 +58,23 @@ def reduce_values(values: T.NeuronTensor, dtype: torch.dtype, reduction: int):
     return finish(out, stage)
 
 
-def pointwise_loss(op: E.Elementwise, meta, operands, params, reduction: int):
-    """A loss whose terms are elementwise in broadcast operands."""
-    if reduction == NONE:
-        return E.run(op, operands, params)
+def pointwise_loss(op: E.Elementwise, meta, operands, params, reduction: int, dtype=None):
+    """A loss whose terms are elementwise in broadcast operands; `dtype`: the result's, where
+    the CPU gives its input's (default: the meta kernel's)."""
     shape = E.broadcast_shape([a.shape for a in operands if isinstance(a, E.NeuronTensor)])
+    if reduction == NONE:
+        return E.run(op, operands, params) if dtype is None else             E.run(op, operands, params, out=T.empty(shape, dtype))
     values = T.empty(shape, F32)  # terms stay fp32 until the single rounding of the total
     E.run(op, operands, params, out=values)
-    return reduce_values(values, meta.dtype, reduction)
+    return reduce_values(values, dtype or meta.dtype, reduction)
+
+
+def check_same_dtype(expected: torch.dtype, *operands) -> None:
+    """TensorIterator's check of a loss kernel whose operands must share one dtype."""
+    for a in operands:
+        if isinstance(a, torch.Tensor) and a.dtype != expected:
+            raise RuntimeError(f"Found dtype {T.dtype_name(a.dtype)} but expected "
+                               f"{T.dtype_name(expected)}")
 
 
 def pointwise_backward(op: E.Elementwise, grad, operands, params, reduction: int):
@@ -155,12 +164,38 @@ def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
 @register(aten.huber_loss.default)
 def huber_loss(self, target, reduction=MEAN, delta=1.0):
     meta = meta_run(aten.huber_loss.default, self, target, reduction, delta)
-    return pointwise_loss(HUBER, meta, [self, target], [delta], reduction)
+    # (computed in the operands' common dtype, returned in self's, as the CPU)
+    return pointwise_loss(HUBER, meta, [self, target], [delta], reduction, self.dtype)
 
 
 @register(aten.huber_loss_backward.default)
 def huber_loss_backward(grad_output, self, target, reduction, delta):
+    check_same_dtype(self.dtype, target, grad_output)
     return pointwise_backward(HUBER_BACKWARD, grad_output, [self, target], [delta], reduction)
+
+
+# -- soft margin: the CPU's in-place sequences, which keep self's dtype ------------------
+@register(aten.soft_margin_loss.default)
+def soft_margin_loss(self, target, reduction=MEAN):
+    loss = aten.neg.default(self)  # log1p(exp(-self * target)), each step rounded to self's
+    aten.mul_.Tensor(loss, target)
+    aten.exp_.default(loss)
+    aten.log1p_.default(loss)
+    if reduction == NONE:
+        return loss
+    return aten.mean.default(loss) if reduction == MEAN else aten.sum.default(loss)
+
+
+@register(aten.soft_margin_loss_backward.default)
+def soft_margin_loss_backward(grad_output, self, target, reduction):
+    norm = 1.0 / self.numel() if reduction == MEAN else 1.0
+    z = aten.exp.default(aten.mul.Tensor(aten.neg.default(target), self))
+    grad = aten.mul.out(target, z, out=T.empty((0,), self.dtype))
+    aten.mul_.Scalar(grad, -norm)
+    aten.add_.Scalar(z, 1)
+    aten.div_.Tensor(grad, z)
+    aten.mul_.Tensor(grad, grad_output)
+    return grad
 
 
 # -- binary cross entropy ----------------------------------------------------------------
@@ -203,17 +238,19 @@ def _build_unit_check(load, store):
 @register(aten.binary_cross_entropy.default)
 def binary_cross_entropy(self, target, weight=None, reduction=MEAN):
     meta = meta_run(aten.binary_cross_entropy.default, self, target, weight, reduction)
+    check_same_dtype(self.dtype, target)  # (a weight of another dtype is taken)
     if self.numel():
         flat = self.contiguous()
         check = kernel_for(_build_unit_check, _code(self.dtype), _code(self.dtype))
         if not check(flat._nd.reshape(-1)):
             raise RuntimeError("all elements of input should be between 0 and 1")
     return pointwise_loss(BCE, meta, [self, target, 1.0 if weight is None else weight], [],
-                          reduction)
+                          reduction, self.dtype)
 
 
 @register(aten.binary_cross_entropy_backward.default)
 def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=MEAN):
+    check_same_dtype(self.dtype, grad_output, target)
     return pointwise_backward(BCE_BACKWARD, grad_output,
                               [self, target, 1.0 if weight is None else weight], [], reduction)
 
@@ -476,6 +513,8 @@ def _frames(self, target):
     dim = self.shape[-1] if self.dim() else 1
     frames = self.numel() // dim if dim else 0
     x = widen(self.contiguous()).reshape(frames, dim)
+    if target.dtype != torch.int64:  # (the CPU's kernels read the target as int64)
+        raise RuntimeError(f"expected scalar type Long but found {T.dtype_name(target.dtype)}")
     t = target.contiguous()
     tv = widen(t).reshape(frames, -1) if t.numel() else np.zeros((frames, 0), np.int64)
     return x, tv, frames, dim

@@ -245,6 +245,19 @@ ERRORS = {
         _t(d, [1., 2.]), _t(d, [1.5]), side="middle"),
     "searchsorted side and right opposite": lambda d: torch.searchsorted(
         _t(d, [1., 2.]), _t(d, [1.5]), side="left", right=True),
+    "binary_cross_entropy float64 target": lambda d: F.binary_cross_entropy(
+        torch.full((3,), 0.5, device=d), _t(d, [0., 1., 1.], dtype=torch.float64)),
+    "binary_cross_entropy int64 target": lambda d: F.binary_cross_entropy(
+        torch.full((3,), 0.5, device=d), _t(d, [0, 1, 1])),
+    "multi_margin_loss float target": lambda d: F.multi_margin_loss(
+        torch.ones(2, 3, device=d), _t(d, [0., 2.])),
+    "multi_margin_loss int32 target": lambda d: F.multi_margin_loss(
+        torch.ones(2, 3, device=d), _t(d, [0, 2], dtype=torch.int32)),
+    "multilabel_margin_loss int32 target": lambda d: F.multilabel_margin_loss(
+        torch.ones(2, 3, device=d), _t(d, [[0, -1, 0], [2, 1, -1]], dtype=torch.int32)),
+    "huber_loss backward of a float64 target": lambda d: F.huber_loss(
+        torch.ones(3, device=d, requires_grad=True), _t(d, [0., 2., 1.],
+                                                       dtype=torch.float64)).backward(),
     "searchsorted of 0-dim boundaries": lambda d: torch.searchsorted(_t(d, 1.), _t(d, [.5])),
     "searchsorted of 0-dim boundaries and value": lambda d: torch.searchsorted(_t(d, 1.), .5),
     "histogram with one bin edge": lambda d: torch.histogram(_t(d, [.5]), _t(d, [0.])),

@@ -200,6 +200,39 @@ def test_kl_div_decomposes(seed):
     check_op(lambda x, t: F.kl_div(x, t, reduction="batchmean"), x, t, grad=True, native=False)
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float16, torch.float32),
+                                    (torch.bfloat16, torch.float32)], ids=str)
+def test_losses_keep_the_inputs_dtype_as_the_cpu(dtypes, reduction):
+    # huber and soft margin compute in the common dtype (soft margin: step by step into
+    # self's) and return self's; BCE takes a weight of another dtype (its target it refuses)
+    x_dtype, other = dtypes
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 7, generator=g).to(x_dtype)
+    t = (torch.randint(0, 2, (5, 7), generator=g) * 2 - 1).to(other)
+    p = torch.rand(5, 7, generator=g).to(x_dtype)
+    losses = [lambda x, t, p: F.soft_margin_loss(x, t, reduction=reduction),
+              lambda x, t, p: F.huber_loss(x, t, reduction=reduction, delta=0.5),
+              lambda x, t, p: F.binary_cross_entropy(p, (t > 0).to(x_dtype), reduction=reduction,
+                                                     weight=t.abs() * 2)]
+    for loss in losses:
+        expected = loss(x, t, p)
+        got = loss(x.to(NEURON), t.to(NEURON), p.to(NEURON)).cpu()
+        assert got.dtype == expected.dtype == x_dtype
+        torch.testing.assert_close(got, expected)
+    # soft margin's gradient as the CPU's in-place steps round it, bit for bit in 16 bits
+    results = []
+    for device in ("cpu", NEURON):
+        xx = x.clone().to(device).requires_grad_()
+        grad = torch.ones(5, 7) if reduction == "none" else torch.ones(())
+        F.soft_margin_loss(xx, t.to(device), reduction=reduction).backward(
+            grad.to(x_dtype).to(device))
+        results.append(xx.grad.cpu())
+    if x_dtype != torch.float32:
+        assert torch.equal(results[1], results[0])
+    torch.testing.assert_close(results[1], results[0])
+
+
 # -- margin losses and CTC ---------------------------------------------------------------
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_margin_losses_backward(reduction, seed):
