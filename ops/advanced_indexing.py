@@ -153,7 +153,8 @@ def _index_put_into(dst, indices, values, accumulate):
                            f"{T.dtype_name(dst.dtype)} for the destination and "
                            f"{T.dtype_name(values.dtype)} for the source.")
     if not isinstance(values, NeuronTensor):
-        values = I.on_device(values) if values.dim() else T.from_cpu(values)
+        T.check_foreign(values)  # (a 0-dim value from the host only, as CUDA's index_put_)
+        values = T.from_cpu(values)
     indices = _expand_masks(dst, list(indices))
     shape, xstr, offsets, ostr = _plan(dst, indices)
     try:

@@ -274,7 +274,12 @@ def test_mixing_devices_raises_like_cuda():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.ones(3) * x
     assert torch.equal((x + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))  # CPU scalars mix
-    assert x.cpu().tolist() == [1.0, 1.0, 1.0]
+    # index_put_'s values too (CUDA's TensorIterator): CPU indices and 0-dim values mix
+    for index in (torch.tensor([0, 2]), torch.tensor([True, False, True])):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            x[index] = torch.ones(2)
+    x[torch.tensor([0, 2])] = torch.tensor(5.0)
+    assert x.cpu().tolist() == [5.0, 1.0, 5.0]
 
 
 def test_unsupported_layouts_and_dtypes_are_refused_clearly():
