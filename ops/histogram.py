@@ -243,9 +243,12 @@ def _int_histc(x, bins, min, max):
     return histc(x.to(torch.float32), bins, min, max).to(x.dtype)
 
 
+_BINCOUNT_TAKES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
 @register(aten.bincount.default)
 def bincount(x, weights=None, minlength=0):
-    if x.dtype.is_floating_point or x.dtype == torch.bool:
+    if x.dtype not in _BINCOUNT_TAKES:
         raise NotImplementedError(f'"bincount_cpu" not implemented for '
                                   f"'{T.dtype_name(x.dtype)}'")
     if minlength < 0:

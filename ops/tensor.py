@@ -58,7 +58,8 @@ class NeuronOutOfMemoryError(torch.OutOfMemoryError):
 
 _DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
                 torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
-                torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool"}
+                torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
+                torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64"}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -84,11 +85,17 @@ class UnsupportedDtypeError(RuntimeError):
     into NotImplemented, and `x * 1j` would end in Python's "unsupported operand type(s)"."""
 
 
+QUANTIZED = ("quantized tensors ({}) are not supported on neuron. Keep them on the CPU; "
+             "x.dequantize() (a float tensor) or x.int_repr() (its integers) can move.")
+
+
 def check_dtype(dtype: torch.dtype) -> None:
     if dtype not in STORAGE_DTYPE:
         if dtype.is_complex:
             raise UnsupportedDtypeError(f"{dtype} is not supported on neuron: Trainium has no "
                                         "complex dtypes. Keep complex tensors on the CPU.")
+        if str(dtype).startswith(("torch.qint", "torch.quint")):
+            raise UnsupportedDtypeError(QUANTIZED.format(dtype))
         kept = ", ".join(str(d).removeprefix("torch.") for d in STORAGE_DTYPE)
         raise UnsupportedDtypeError(
             f"{dtype} is not supported on neuron: neuron tensors hold {kept}. Keep "

@@ -1,11 +1,12 @@
-"""What the device refuses by design, with errors that say so: sparse layouts and nested
-tensors (TorchNeuron supports dense strided tensors only). Complex dtypes are refused
+"""What the device refuses by design, with errors that say so: sparse layouts, nested and
+quantized tensors (TorchNeuron supports dense strided tensors only). Complex dtypes are refused
 where tensors are made (tensor.check_dtype).
 """
 from __future__ import annotations
 
 import torch
 
+from neuron_eager.ops import tensor as T
 from neuron_eager.ops.registry import register
 from neuron_eager.ops.sourceline import warn_at_user_line
 
@@ -41,6 +42,19 @@ for _key, _message in [("SparsePrivateUse1", SPARSE), ("SparseCsrPrivateUse1", S
                        ("NestedTensorPrivateUse1", NESTED)]:
     _impl.impl("_to_copy", _refuse(_message), _key)
 _fallback.fallback(lambda op, *args, **kwargs: _refuse(NESTED)(), "NestedTensorPrivateUse1")
+
+
+def _refuse_quantized(op, *args, **kwargs):
+    """Any op making a quantized neuron tensor (empty(dtype=torch.qint8), a quantized CPU
+    tensor's .to("neuron") through empty_quantized)."""
+    for a in (*args, *kwargs.values()):
+        dtype = a if isinstance(a, torch.dtype) else getattr(a, "dtype", None)
+        if isinstance(dtype, torch.dtype):
+            T.check_dtype(dtype)  # (raises for a quantized dtype)
+    T.check_dtype(torch.qint8)  # (no dtype among the arguments: say what the key means)
+
+
+_fallback.fallback(_refuse_quantized, "QuantizedPrivateUse1")
 
 register(aten._sparse_coo_tensor_with_dims_and_tensors, aten._sparse_coo_tensor_with_dims,
          aten._sparse_compressed_tensor_unsafe, aten.to_sparse, aten._to_sparse,

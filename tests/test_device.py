@@ -234,3 +234,13 @@ def test_factories_refuse_layouts_and_pinning_a_device_tensor_cannot_have(make):
     # (the *_like and new_* factories ignored them: a dense, "pinned" neuron tensor came back)
     with pytest.raises(RuntimeError, match="not supported on neuron|Only dense CPU tensors"):
         make(torch.ones(2, 2, device="neuron"))
+
+
+def test_quantized_tensors_are_refused_with_a_way_out():
+    with pytest.warns(UserWarning):  # (torch: quantized tensor creation is deprecated)
+        q = torch.quantize_per_tensor(torch.randn(4), 0.1, 3, torch.quint8)
+    for move in (lambda: q.to("neuron"), lambda: torch.empty(2, dtype=torch.qint8,
+                                                             device="neuron")):
+        with pytest.raises(RuntimeError, match=r"quantized tensors \(torch.q.*dequantize"):
+            move()
+    assert torch.equal(q.dequantize().to("neuron").cpu(), q.dequantize())

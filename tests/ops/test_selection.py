@@ -233,6 +233,11 @@ def test_bincount(seed):
             torch.bincount(bad.to("neuron"))
     with pytest.raises(RuntimeError, match="same length"):
         torch.bincount(x.to("neuron"), torch.rand(3, device="neuron"))
+    for dtype in (torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.float32):
+        with pytest.raises(NotImplementedError) as cpu:  # (the CPU takes int8..int64, uint8)
+            torch.bincount(x.to(dtype))
+        with pytest.raises(NotImplementedError, match=str(cpu.value)):
+            torch.bincount(x.to(dtype).to("neuron"))
 
 
 def test_histogram(seed):
