@@ -28,6 +28,14 @@ flush_reasons: Counter = Counter()
 history: deque = deque(maxlen=16)  # what explain() shows
 _plans: dict = {}
 _PLAN_LIMIT = 4096
+# Note [The plan cache's size]
+# A plan holds its region's keys, groups, kernel specs and argument layouts: ~0.8 KB an op,
+# so 4096 plans of 200-op regions held ~700 MB in a program whose shapes never repeat (a
+# buffer that grows each step). Plans are cleared together when their ops pass this count
+# (~25 MB), or their number passes _PLAN_LIMIT; a program with static shapes keeps a few
+# dozen. Kernels, cached by structure, stay.
+_PLAN_OPS_LIMIT = 32768
+plan_ops = 0  # ops of the plans in _plans
 
 
 class Group:

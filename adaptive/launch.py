@@ -270,10 +270,13 @@ def run_region(region, reason: str) -> None:
     key = (tuple([node.key for node in nodes]), tuple(region.descs), tuple(alive),
            config.numerics_key)
     plan = fusion._plans.get(key)
-    if plan is None:
-        if len(fusion._plans) >= fusion._PLAN_LIMIT:
+    if plan is None:  # (Note [The plan cache's size] in fusion.py)
+        if len(fusion._plans) >= fusion._PLAN_LIMIT or \
+                fusion.plan_ops + len(nodes) > fusion._PLAN_OPS_LIMIT:
             fusion._plans.clear()
+            fusion.plan_ops = 0
         plan = fusion._plans[key] = _plan(region, alive)
+        fusion.plan_ops += len(nodes)
     plan.seen += 1
     fuse = plan.seen >= recording.options.compile_after
     launched, moved = core.kernels_launched, core.hbm_bytes_moved

@@ -119,3 +119,24 @@ def test_out_of_memory_in_a_fused_group_keeps_the_ops_before_it():
         hbm.empty_cache()
         hbm.set_capacity(old)
     assert plain == [1.0] * 3 and fused == plain
+
+
+def test_plans_of_shapes_that_never_repeat_stay_within_their_op_budget(monkeypatch):
+    # Note [The plan cache's size]: a buffer growing each step makes a new plan every step
+    from neuron_eager.adaptive import fusion
+
+    monkeypatch.setattr(fusion, "_plans", {})
+    monkeypatch.setattr(fusion, "plan_ops", 0)
+    monkeypatch.setattr(fusion, "_PLAN_OPS_LIMIT", 100)
+
+    def step(n):
+        x = torch.arange(float(n), device=N)
+        return ((x * 0.5 + 1).sigmoid() * x - 2).tanh().sum().item()
+
+    expected = [step(n) for n in range(1, 40)]
+    adaptive.enable()
+    held = []
+    for n in range(1, 40):
+        assert step(n) == expected[n - 1]
+        held.append(fusion.plan_ops)
+    assert max(held) <= 100 and len(fusion._plans) < 39
