@@ -12,7 +12,6 @@ import hashlib
 import pickle
 import tempfile
 import types
-import warnings
 from pathlib import Path
 
 import llvmlite.binding as llvm
@@ -23,7 +22,7 @@ from numba import types as nbtypes
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from neuron_eager.ops import _compat, diskcache
+from neuron_eager.ops import _compat, diskcache, sourceline
 
 _folder: list = []  # [Path | None], decided once per process
 _made: list = []  # the dispatchers made here and kernelgen's loops, for stats()
@@ -88,9 +87,10 @@ def _usable(kernels: Path | None) -> Path | None:
         path.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=path).close()
     except OSError as e:
-        warnings.warn(f"neuron-eager: the kernel disk cache {path} is not usable, kernels "
-                      f"compile in every process ({type(e).__name__}: {e}); set "
-                      f"{diskcache.ENV} to another folder, or to 'off'", RuntimeWarning)
+        sourceline.warn_at_user_line(
+            f"neuron-eager: the kernel disk cache {path} is not usable, kernels compile in "
+            f"every process ({type(e).__name__}: {e}); set {diskcache.ENV} to another "
+            f"folder, or to 'off'", RuntimeWarning)
         return None
     diskcache.prune_once(kernels)
     return path

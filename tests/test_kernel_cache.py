@@ -216,3 +216,17 @@ def test_a_cache_folder_that_goes_away_warns_and_compiles_in_memory(tmp_path):
     warned = [line for line in done.stderr.splitlines()
               if "could not be read from or written to the disk cache" in line]
     assert warned and warned[0].startswith(f"{script}:")  # (it names the user's line)
+
+
+def test_an_unusable_cache_folder_warns_at_the_users_line(tmp_path):
+    (tmp_path / "file").write_text("")  # the folder cannot be made inside a file
+    script = tmp_path / "unusable.py"
+    script.write_text("import torch, neuron_eager\n"
+                      "print(torch.special.i0(torch.ones(3, device='neuron')).cpu().tolist())\n")
+    env = dict(os.environ, NEURON_EAGER_CACHE_DIR=str(tmp_path / "file" / "kernels"))
+    done = subprocess.run([sys.executable, "-W", "always", str(script)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == str(torch.special.i0(torch.ones(3)).tolist())
+    warned = [line for line in done.stderr.splitlines() if "compile in every process" in line]
+    assert warned and warned[0].startswith(f"{script}:")
