@@ -240,7 +240,10 @@ def _record_inplace(plan, args, kwargs):
     if (config.stochastic_rounding and _stochastic_rounding_on()) or type(a) is not NeuronTensor \
             or a.dtype == torch.int64:  # (Note [int64 runs eagerly])
         return None
-    op, operands, params = plan(*args, **kwargs)
+    planned = plan(*args, **kwargs)
+    if planned is None:
+        return None
+    op, operands, params = planned
     if not operands or operands[0] is not a or a.numel() == 0:
         return None
     operands = E.scalar_tensors_cast(op, operands)  # (as plain eager's run)

@@ -187,6 +187,16 @@ def masked_fill_(x, mask, value):
     return E.run(_MASKED_FILL, [x, mask], [value], out=x)
 
 
+@E.fusible_inplace(aten.masked_fill_.Scalar, aten.masked_fill_.Tensor)
+def _plan_masked_fill_(x, mask, value):
+    """The fill recorded by adaptive eager, which runs a tensor whose elements share memory
+    eagerly; a float tensor's, as the out-of-place plan (adaptive/plans.py) takes."""
+    if not isinstance(mask, T.NeuronTensor) or mask.dtype != torch.bool or \
+            not x.dtype.is_floating_point or isinstance(value, T.NeuronTensor):
+        return None  # (the kernel checks and raises; a device value is read on the host)
+    return _MASKED_FILL, [x, mask], [_fill_value(value, x.dtype)]
+
+
 # Note [Fills of expanded tensors]
 # The CPU lets masked_fill_, index_fill_, tril_ and triu_ write a tensor whose elements share
 # memory (an expanded view: stride 0), deprecated but allowed, since each writes one value:

@@ -480,6 +480,21 @@ def test_ops_recorded_before_a_numerics_setting_changes_run_under_the_old_one(se
     assert not torch.equal(changed.cpu(), expected)  # else the test could not see it
 
 
+def test_in_place_masked_fill_is_recorded():
+    # (maximum's backward fills in place: RWKV's loop flushed at each of its maximum calls)
+    x, y = rand(64), rand(64, seed=1)
+
+    def program():
+        z = x * 2
+        z.masked_fill_(z < y, -1.5)
+        return z + y
+
+    both_modes(program)
+    adaptive.enable()
+    program().sum().item()
+    assert "mul -> lt -> masked_fill -> add" in adaptive.explain(1)
+
+
 def test_writing_an_input_flushes_first():
     adaptive.enable()
     x = rand(8)
