@@ -531,3 +531,45 @@ def grid_sampler_3d_backward(grad, x, grid, interpolation_mode, padding_mode, al
     ggrid = T.empty(grid.shape, grid.dtype)
     narrow_into(ggrid, ggrid_v)
     return gin, ggrid
+
+
+# -- affine_grid -------------------------------------------------------------------------
+# Note [affine_grid as ATen builds it]
+# PyTorch's Python decomposition makes the base grid as linspace(-a, a) with a = (n-1)/n;
+# ATen scales linspace(-1, 1) by (n-1), then divides by n, and multiplies by theta with a
+# bmm. The coordinates differ by an ulp, which flips grid_sample's gradient at a pixel centre
+# (a spatial transformer starting at the identity sits on them all): so ATen's steps here.
+def _steps(like, n: int, align_corners: bool):
+    if n <= 1:
+        return aten.zeros.default([1], dtype=like.dtype, device=like.device)
+    steps = aten.linspace.default(-1, 1, n, dtype=like.dtype, device=like.device)
+    return steps if align_corners else aten.div.Tensor(aten.mul.Tensor(steps, n - 1), n)
+
+
+def _base_grid(like, size, align_corners: bool):
+    """(N, prod(spatial), dims + 1) points (x, y[, z], 1), x varying fastest."""
+    spatial = list(size[2:])
+    base = aten.empty.memory_format([size[0], *spatial, len(spatial) + 1], dtype=like.dtype,
+                                    device=like.device)
+    for d in range(len(spatial)):  # coordinate d runs along spatial dim -1 - d
+        axis = [1] * len(spatial)
+        axis[len(spatial) - 1 - d] = spatial[len(spatial) - 1 - d]
+        aten.copy_.default(aten.select.int(base, -1, d), aten.view.default(
+            _steps(like, axis[len(spatial) - 1 - d], align_corners), axis))
+    aten.fill_.Scalar(aten.select.int(base, -1, len(spatial)), 1)
+    return aten.view.default(base, [size[0], -1, len(spatial) + 1])
+
+
+@register(aten.affine_grid_generator.default)
+def affine_grid_generator(theta, size, align_corners):
+    grid = aten.bmm.default(_base_grid(theta, size, align_corners),
+                            aten.transpose.int(theta, 1, 2))
+    return aten.view.default(grid, [*size[:1], *size[2:], len(size) - 2])
+
+
+@register(aten.affine_grid_generator_backward.default)
+def affine_grid_generator_backward(grad, size, align_corners):
+    base = _base_grid(grad, size, align_corners)
+    grad_theta = aten.bmm.default(aten.transpose.int(base, 1, 2),
+                                  aten.view.default(grad, [size[0], -1, len(size) - 2]))
+    return aten.transpose.int(grad_theta, 1, 2)

@@ -356,3 +356,20 @@ def test_channels_last_results_and_gradients_take_the_cpus_layout(name):
         grad, = torch.autograd.grad(y, leaf, torch.ones_like(y))
         layouts.append((y.stride(), grad.stride()))
     assert layouts[1] == layouts[0]
+
+
+@pytest.mark.parametrize("size", [(1, 1, 28, 28), (2, 3, 5, 7), (1, 1, 3, 4, 5), (2, 1, 1, 6)])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_affine_grid_builds_the_cpus_points(size, align_corners, seed):
+    # Note [affine_grid as ATen builds it]: at the identity the points are the CPU's bits (a
+    # spatial transformer starts there: grid_sample's gradient flips with an ulp at a centre)
+    nd = len(size) - 2
+    identity = torch.eye(nd, nd + 1).expand(size[0], nd, nd + 1)
+    expected = F.affine_grid(identity, size, align_corners=align_corners)
+    got = F.affine_grid(identity.to("neuron"), size, align_corners=align_corners).cpu()
+    assert torch.equal(got, expected)
+    theta = torch.randn(size[0], nd, nd + 1, requires_grad=True)
+    check_op(lambda t: F.affine_grid(t, size, align_corners=align_corners), theta, grad=True,
+             atol=1e-4)  # (theta's gradient sums a grid's points: 784 of them)
+    with pytest.raises(RuntimeError, match=r"batch2 tensor to be: \[3, "):  # (bmm's words)
+        F.affine_grid(theta.detach().to("neuron"), (3, *size[1:]), align_corners=align_corners)
