@@ -63,7 +63,9 @@ def pointwise_loss(op: E.Elementwise, meta, operands, params, reduction: int, dt
     the CPU gives its input's (default: the meta kernel's)."""
     shape = E.broadcast_shape([a.shape for a in operands if isinstance(a, E.NeuronTensor)])
     if reduction == NONE:
-        return E.run(op, operands, params) if dtype is None else             E.run(op, operands, params, out=T.empty(shape, dtype))
+        if dtype is None:
+            return E.run(op, operands, params)
+        return E.run(op, operands, params, out=T.empty(shape, dtype))
     values = T.empty(shape, F32)  # terms stay fp32 until the single rounding of the total
     E.run(op, operands, params, out=values)
     return reduce_values(values, dtype or meta.dtype, reduction)
