@@ -31,8 +31,9 @@ NeuronTensor = T.NeuronTensor
 #    dilation (d, h, w), then strides (n, c, d, h, w) of the grad and of the indices.
 # Window tables (first, count[, divisor]) are 2-D: (planes or 1, outputs along the axis).
 @njit(error_model="numpy", nogil=True)
-def max_pool(lo, hi, out, idx, x, g, d0, dn, h0, hn, w0, wn):
-    """Window maxima and their flat positions, for planes lo..hi-1 (loads unsigned)."""
+def max_pool(lo, hi, out, idx, x, g, lowest, d0, dn, h0, hn, w0, wn):
+    """Window maxima and their flat positions, for planes lo..hi-1 (loads unsigned); a
+    window with no tap inside gives `lowest` (Note [Windows in the padding])."""
     C, sn, sc, sd, sh, sw = g[1], g[2], g[3], g[4], g[5], g[6]
     H, W, Do, Ho, Wo, ddl, dhl, dwl = g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]
     o = lo * Do * Ho * Wo
@@ -45,8 +46,13 @@ def max_pool(lo, hi, out, idx, x, g, d0, dn, h0, hn, w0, wn):
                 fh = h0[rh, oh]
                 for ow in range(Wo):
                     fw = w0[rw, ow]
-                    best = x[np.uint64(base + fd * sd + fh * sh + fw * sw)]
                     at = (fd * H + fh) * W + fw
+                    if dn[rd, od] == 0 or hn[rh, oh] == 0 or wn[rw, ow] == 0:
+                        out[o] = lowest
+                        idx[o] = at
+                        o += 1
+                        continue
+                    best = x[np.uint64(base + fd * sd + fh * sh + fw * sw)]
                     for a in range(dn[rd, od]):
                         d = fd + a * ddl
                         for b in range(hn[rh, oh]):
@@ -75,7 +81,9 @@ def scatter_grad(lo, hi, gin, grad, idx, g):
             for oh in range(Ho):
                 for ow in range(Wo):
                     at = idx[n * i_n + c * i_c + od * i_d + oh * i_h + ow * i_w]
-                    gin[p * plane + at] += grad[n * gn + c * gc + od * gd + oh * gh + ow * gw]
+                    if 0 <= at < plane:  # (a window in the padding may point past the plane)
+                        gin[p * plane + at] += grad[n * gn + c * gc + od * gd + oh * gh +
+                                                    ow * gw]
 
 
 @njit(error_model="numpy", nogil=True)
@@ -156,12 +164,19 @@ def _rows(*arrays):
     return tuple(np.ascontiguousarray(a, dtype=np.int64).reshape(1, -1) for a in arrays)
 
 
+# Note [Windows in the padding]
+# With dilation, a window can lie wholly in the padding (a size-1 dim, kernel 2, padding 1,
+# dilation 2: taps at -1 and 1). The CPU then gives the dtype's lowest value (-inf) and, as
+# its index, its first tap at or past 0 (its start stepped by the dilation), which may lie
+# outside the input; its backward writes there (past the plane: memory it does not own).
+# Here the same value and index; the backward skips an index outside the plane.
 def _windows(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int = 1):
-    """Per output position: first in-range tap, in-range tap count (max pooling)."""
+    """Per output position: first tap at or past 0 (the first in range when any is),
+    in-range tap count (max pooling)."""
     start = np.arange(out, dtype=np.int64) * stride - pad
     taps = start[:, None] + np.arange(kernel, dtype=np.int64)[None, :] * dilation
     inside = (taps >= 0) & (taps < size)
-    first = np.where(inside.any(1), taps[np.arange(out), inside.argmax(1)], 0)
+    first = np.where(start < 0, start + (-start + dilation - 1) // dilation * dilation, start)
     # taps past the first in-range one step by `dilation`; count those still inside
     return _rows(first, inside.sum(1))
 
@@ -240,8 +255,12 @@ def _max(x, out_meta, k, windows, dilation=(1, 1, 1)):
     if out.numel():
         g = _geometry(x, out, k, dilation=dilation)
         res = result_buffer(out)
+        wide = widen(x)
+        lowest = wide.dtype.type(-np.inf if x.dtype.is_floating_point else
+                                 torch.iinfo(x.dtype).min)
         workers.share_rows(max_pool, g[0], x.numel(), [
-            res, idx._nd.reshape(-1), widen(x), g, *[a for w in windows for a in w[:2]]])
+            res, idx._nd.reshape(-1), wide, g, lowest,
+            *[a for w in windows for a in w[:2]]])
         narrow_into(out, res)
         _launch(x, out, idx)
     return out, idx

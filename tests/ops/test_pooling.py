@@ -83,3 +83,23 @@ def test_pool3d_non_contiguous(seed):
     check_op(lambda x: F.max_pool3d(x, 2, stride=1), x, grad=True)
     check_op(lambda x: F.avg_pool3d(x, (2, 1, 3), padding=(1, 0, 1)), x, grad=True)
     check_op(lambda x: F.adaptive_avg_pool3d(x, (3, 2, 4)), x, grad=True)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_max_pool_windows_wholly_in_the_padding(dims, dtype, seed):
+    # (Note [Windows in the padding]: a size-1 dim, kernel 2, padding 1, dilation 2: the
+    # CPU's lowest value and its index, which may lie past the input)
+    pool = [F.max_pool1d, F.max_pool2d, F.max_pool3d][dims - 1]
+    x = torch.randn((1, 2) + (3,) * (dims - 1) + (1,))
+    x = x.to(dtype) if dtype.is_floating_point else (x * 100).to(dtype)
+    kwargs = dict(kernel_size=2, padding=1, dilation=2, return_indices=True)
+    check_op(lambda t: pool(t, **kwargs), x)
+    if dtype != torch.float32:
+        return
+    if dims > 1:  # (its index lies in the plane: the CPU's backward adds there)
+        check_op(lambda t: pool(t, **kwargs)[0], x.requires_grad_(), grad=True)
+    else:  # (past it, where the CPU writes into the next plane or beyond the tensor)
+        x = x.to("neuron").requires_grad_()
+        pool(x, **kwargs)[0].sum().backward()
+        assert torch.equal(x.grad.cpu(), torch.zeros(x.shape))
