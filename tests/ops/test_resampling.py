@@ -373,3 +373,11 @@ def test_affine_grid_builds_the_cpus_points(size, align_corners, seed):
              atol=1e-4)  # (theta's gradient sums a grid's points: 784 of them)
     with pytest.raises(RuntimeError, match=r"batch2 tensor to be: \[3, "):  # (bmm's words)
         F.affine_grid(theta.detach().to("neuron"), (3, *size[1:]), align_corners=align_corners)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_antialiased_resize_to_the_same_size_copies(dtype, seed):
+    # (the CPU copies before it refuses 16-bit weights)
+    x = torch.randn(1, 2, 7, 3).to(dtype)
+    for mode in ("bilinear", "bicubic"):
+        check_op(lambda t: F.interpolate(t, scale_factor=1.0, mode=mode, antialias=True), x)
