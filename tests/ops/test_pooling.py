@@ -103,3 +103,11 @@ def test_max_pool_windows_wholly_in_the_padding(dims, dtype, seed):
         x = x.to("neuron").requires_grad_()
         pool(x, **kwargs)[0].sum().backward()
         assert torch.equal(x.grad.cpu(), torch.zeros(x.shape))
+
+
+def test_max_unpool_to_an_empty_output(seed):
+    # (the CPU checks the indices it writes: none)
+    x, indices = F.max_pool1d(torch.randn(3, 1), 2, 2, 1, return_indices=True)
+    check_op(lambda t, i: F.max_unpool1d(t, i, 2, 2, 1), x, indices)
+    x, indices = F.max_pool2d(torch.randn(1, 2, 3, 1), 2, 2, 1, return_indices=True)
+    check_op(lambda t, i: F.max_unpool2d(t, i, 2, 2, 1, output_size=(3, 0)), x, indices)
