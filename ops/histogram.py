@@ -190,13 +190,6 @@ def _check_bin_count(n: int, dim: int) -> None:
                            f"{dim}")
 
 
-# the names the CPU's dtype check gives (caffe2's type names)
-_TYPE_META_NAMES = {torch.float32: "float", torch.float64: "double",
-                    torch.bfloat16: "c10::BFloat16", torch.float16: "c10::Half",
-                    torch.int64: "long int", torch.int32: "int", torch.int16: "short int",
-                    torch.int8: "signed char", torch.uint8: "unsigned char", torch.bool: "bool"}
-
-
 def _require_float(x, name):
     if not x.dtype.is_floating_point:
         raise NotImplementedError(f'"{name}" not implemented for \'{T.dtype_name(x.dtype)}\'')
@@ -324,8 +317,8 @@ def _histogramdd(op, x, bins, rng, weight, density, want_edges=True):
             if b.dtype != x.dtype:
                 raise RuntimeError(
                     f"torch.histogramdd: input tensor and bins tensors should have the same "
-                    f"dtype, but got input with dtype {_TYPE_META_NAMES[x.dtype]} and bins for "
-                    f"dimension {d} with dtype {_TYPE_META_NAMES.get(b.dtype, b.dtype)}")
+                    f"dtype, but got input with dtype {T.CPP_NAMES[x.dtype]} and bins for "
+                    f"dimension {d} with dtype {T.CPP_NAMES.get(b.dtype, b.dtype)}")
             _check_bin_count(b.numel() - 1, d)
         edges = [b.to(x.dtype).contiguous().clone() for b in bins]
         counts = [e.numel() - 1 for e in edges]
