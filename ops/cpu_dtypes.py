@@ -45,6 +45,8 @@ REFUSALS = [
       aten._batch_norm_with_update.default, aten._batch_norm_no_update.default),
      "batch_norm", FLOATS),
     ((aten.native_group_norm.default,), "GroupNormKernelImpl", FLOATS),
+    ((aten.bincount.default,), "bincount_cpu",
+     frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})),
 ]
 
 

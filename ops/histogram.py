@@ -236,14 +236,8 @@ def _int_histc(x, bins, min, max):
     return histc(x.to(torch.float32), bins, min, max).to(x.dtype)
 
 
-_BINCOUNT_TAKES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-
-
 @register(aten.bincount.default)
 def bincount(x, weights=None, minlength=0):
-    if x.dtype not in _BINCOUNT_TAKES:
-        raise NotImplementedError(f'"bincount_cpu" not implemented for '
-                                  f"'{T.dtype_name(x.dtype)}'")
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")
     if x.dim() == 1 and x.numel() == 0:

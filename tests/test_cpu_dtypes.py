@@ -47,6 +47,7 @@ CALLS = {
     "reflection_pad3d": lambda dt, d: F.pad(_x4(dt, d)[None], (1,) * 6, mode="reflect"),
     "batch_norm": lambda dt, d: F.batch_norm(_x4(dt, d), None, None, training=True),
     "GroupNormKernelImpl": lambda dt, d: F.group_norm(_x4(dt, d), 3),
+    "bincount_cpu": lambda dt, d: torch.bincount(_v(dt, d)),
     "embedding_bag": lambda dt, d: F.embedding_bag(_i([0, 1, 2], d), _x4(dt, d)[0, 0],
                                                    _i([0, 2], d)),
     # refused in their modules, in the CPU's words
