@@ -144,14 +144,9 @@ def where(condition, x, y):
 
 @plan(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(x, mask, value):
-    if type(x) is not NeuronTensor or type(mask) is not NeuronTensor or \
-            mask.dtype != torch.bool or not x.dtype.is_floating_point:
-        return None  # the eager kernel checks (and raises)
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 0 or type(value) is NeuronTensor:
-            return None
-        value = value.item()
-    numerics.check_fits(value, x.dtype)
+    value = masking.recordable_fill(x, mask, value)
+    if value is None:
+        return None
     dtype, compute = E.dtypes_for(masking._MASKED_FILL, [x, mask])
     shape = E.broadcast_shape([mask.shape, x.shape])  # (the CPU's order, for its message)
     return Planned(masking._MASKED_FILL, [x, mask], [value], dtype, compute, shape,

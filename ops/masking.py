@@ -187,14 +187,23 @@ def masked_fill_(x, mask, value):
     return E.run(_MASKED_FILL, [x, mask], [value], out=x)
 
 
+def recordable_fill(x, mask, value):
+    """The fill value (checked, a number) of a masked fill that adaptive eager records, or
+    None to run it eagerly: a float tensor and a bool mask on the device, a value on the host
+    (a device value would be read in the middle of recording; the kernel checks the rest)."""
+    if type(x) is not T.NeuronTensor or type(mask) is not T.NeuronTensor or \
+            mask.dtype != torch.bool or not x.dtype.is_floating_point or \
+            type(value) is T.NeuronTensor:
+        return None
+    return _fill_value(value, x.dtype)
+
+
 @E.fusible_inplace(aten.masked_fill_.Scalar, aten.masked_fill_.Tensor)
 def _plan_masked_fill_(x, mask, value):
-    """The fill recorded by adaptive eager, which runs a tensor whose elements share memory
-    eagerly; a float tensor's, as the out-of-place plan (adaptive/plans.py) takes."""
-    if not isinstance(mask, T.NeuronTensor) or mask.dtype != torch.bool or \
-            not x.dtype.is_floating_point or isinstance(value, T.NeuronTensor):
-        return None  # (the kernel checks and raises; a device value is read on the host)
-    return _MASKED_FILL, [x, mask], [_fill_value(value, x.dtype)]
+    """The in-place fill adaptive eager records (it runs a tensor whose elements share
+    memory eagerly)."""
+    value = recordable_fill(x, mask, value)
+    return None if value is None else (_MASKED_FILL, [x, mask], [value])
 
 
 # Note [Fills of expanded tensors]
