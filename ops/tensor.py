@@ -333,10 +333,9 @@ class NeuronTensor(torch.Tensor):
                     (self.detach(), self.requires_grad, OrderedDict(), user_state(self)))
         saved = getattr(saving.state, "storages", None)
         if saved is None:
-            dense = is_non_overlapping_and_dense_or_false(self)  # (its layout kept, as the CPU's)
             return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                    (to_cpu(self.detach(), self.stride() if dense else None), self.dtype,
-                     str(self.device), self.requires_grad))
+                    (to_cpu_in_layout(self.detach()), self.dtype, str(self.device),
+                     self.requires_grad))
         memory = self._storage
         entry = saved.get(id(memory))
         if entry is None:  # the whole memory once, however many tensors view it
@@ -429,9 +428,8 @@ class NeuronTensor(torch.Tensor):
         return copy
 
     def numpy(self, *, force: bool = False):
-        if force:  # (in its own layout, as .cpu() copies a dense tensor)
-            dense = is_non_overlapping_and_dense_or_false(self)
-            return to_cpu(self.detach(), self.stride() if dense else None).numpy()
+        if force:
+            return to_cpu_in_layout(self.detach()).numpy()
         raise TypeError("can't convert neuron:0 device type tensor to numpy. "
                         "Use Tensor.cpu() to copy the tensor to host memory first.")
 
@@ -772,6 +770,12 @@ def to_cpu(t: NeuronTensor, stride=None) -> torch.Tensor:
         torch.empty_strided(t.shape, stride, dtype=t.dtype)
     workers.copy(host_array(out), t._nd)
     return out
+
+
+def to_cpu_in_layout(t: NeuronTensor) -> torch.Tensor:
+    """A CPU copy of `t` in its own layout where that is dense (as .cpu() copies), else
+    contiguous: what pickling and numpy(force=True) give on the CPU."""
+    return to_cpu(t, t.stride() if is_non_overlapping_and_dense_or_false(t) else None)
 
 
 def from_cpu(src: torch.Tensor, stride=None) -> NeuronTensor:
